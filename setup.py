@@ -1,0 +1,34 @@
+"""pip install path for oxygen_ros (the engine works without ROS).
+
+colcon on a ROS 2 robot follows package.xml (build_type ament_cmake, see CMakeLists.txt);
+this file only serves `pip install -e .` for researchers and for the test environment.
+"""
+
+from setuptools import find_packages, setup
+
+package_name = "oxygen_ros"
+
+setup(
+    name=package_name,
+    version="0.1.0",
+    packages=find_packages(include=["oxygen_ros", "oxygen_ros.*"]),
+    data_files=[
+        ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
+        (f"share/{package_name}", ["package.xml"]),
+    ],
+    include_package_data=True,
+    install_requires=["torch>=2.5", "numpy", "safetensors", "sentencepiece", "transformers", "tqdm"],
+    extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml"]},
+    zip_safe=False,
+    maintainer="oxygen_ros developers",
+    maintainer_email="oxygen-ros@example.org",
+    description="pi0.5 VLA inference with a unified KV cache (OxyGen) for ROS 2.",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    entry_points={
+        "console_scripts": [
+            "oxygen-profile = oxygen_ros.tools.profile:main",
+            "oxygen-make-checkpoint = oxygen_ros.tools.make_checkpoint:main",
+        ],
+    },
+)
