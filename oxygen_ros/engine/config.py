@@ -1,0 +1,160 @@
+"""Model configurations (full pi0.5 and small CPU/test sizes) and workload presets."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+CAMERA_SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    """SigLIP vision tower."""
+
+    width: int = 1152
+    depth: int = 27
+    mlp_dim: int = 4304
+    num_heads: int = 16
+    patch_size: int = 14
+    image_size: int = 224
+    layer_norm_eps: float = 1e-6
+
+    @property
+    def tokens_per_image(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True)
+class GemmaConfig:
+    """One Gemma transformer stack (the backbone or the action expert)."""
+
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int = 8
+    num_kv_heads: int = 1
+    head_dim: int = 256
+    rope_theta: float = 10000.0
+    rms_eps: float = 1e-6
+
+
+@dataclass(frozen=True)
+class Pi05Config:
+    """pi0.5: PaliGemma (SigLIP + Gemma) backbone + Gemma action expert with adaRMSNorm time conditioning."""
+
+    name: str
+    vision: VisionConfig
+    backbone: GemmaConfig
+    expert: GemmaConfig
+    vocab_size: int = 257152
+    action_dim: int = 32
+    action_horizon: int = 10
+    max_token_len: int = 200
+    camera_names: tuple[str, ...] = CAMERA_SLOTS
+    num_steps: int = 10
+    extra: dict = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        b, e = self.backbone, self.expert
+        if (b.num_heads, b.num_kv_heads, b.head_dim) != (e.num_heads, e.num_kv_heads, e.head_dim):
+            raise ValueError("backbone and action expert must share heads / kv heads / head_dim (joint attention)")
+        if b.depth != e.depth:
+            raise ValueError("backbone and action expert must have the same depth (one joint attention per layer)")
+        if b.num_heads % b.num_kv_heads:
+            raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+    @property
+    def num_cameras(self) -> int:
+        return len(self.camera_names)
+
+    @property
+    def max_prefix_len(self) -> int:
+        return self.num_cameras * self.vision.tokens_per_image + self.max_token_len
+
+    def replace(self, **changes) -> Pi05Config:
+        """A copy with some fields changed (e.g. ``cfg.replace(action_horizon=50)``)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        d = dataclasses.asdict(self)
+        d.pop("extra")
+        return d
+
+    @staticmethod
+    def from_dict(d: dict) -> Pi05Config:
+        d = dict(d)
+        return Pi05Config(
+            vision=VisionConfig(**d.pop("vision")),
+            backbone=GemmaConfig(**d.pop("backbone")),
+            expert=GemmaConfig(**d.pop("expert")),
+            camera_names=tuple(d.pop("camera_names", CAMERA_SLOTS)),
+            **d,
+        )
+
+
+def _pi05() -> Pi05Config:
+    return Pi05Config(
+        name="pi05",
+        vision=VisionConfig(),
+        backbone=GemmaConfig(width=2048, depth=18, mlp_dim=16384),
+        expert=GemmaConfig(width=1024, depth=18, mlp_dim=4096),
+    )
+
+
+def _tiny() -> Pi05Config:
+    """Unit-test size: a few hundred thousand parameters, milliseconds per forward."""
+    return Pi05Config(
+        name="tiny",
+        vision=VisionConfig(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=14, image_size=28),
+        backbone=GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16),
+        expert=GemmaConfig(width=32, depth=2, mlp_dim=64, num_heads=4, num_kv_heads=1, head_dim=16),
+        vocab_size=512,
+        action_dim=8,
+        max_token_len=48,
+    )
+
+
+def _small() -> Pi05Config:
+    """CPU benchmark size, calibrated so the stage cost ratios resemble pi0.5 on a GPU
+    (prefill ~2x the full denoise loop, one decode step a fraction of a prefill); see README."""
+    return Pi05Config(
+        name="small",
+        vision=VisionConfig(width=256, depth=4, mlp_dim=1024, num_heads=4, patch_size=14, image_size=112),
+        backbone=GemmaConfig(width=1024, depth=8, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=128),
+        expert=GemmaConfig(width=256, depth=8, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=128),
+        vocab_size=2048,
+        max_token_len=64,
+    )
+
+
+MODEL_CONFIGS = {"pi05": _pi05, "small": _small, "tiny": _tiny}
+
+
+@dataclass(frozen=True)
+class WorkloadPreset:
+    """Robot-side shape of a deployment: which cameras feed the model and how long a chunk is."""
+
+    name: str
+    camera_names: tuple[str, ...]
+    action_horizon: int
+
+
+WORKLOAD_PRESETS = {
+    "libero": WorkloadPreset("libero", CAMERA_SLOTS[:2], 10),
+    "droid": WorkloadPreset("droid", CAMERA_SLOTS[:2], 15),
+    "aloha": WorkloadPreset("aloha", CAMERA_SLOTS, 50),
+}
+
+
+def get_config(name: str, preset: str | None = None, **overrides) -> Pi05Config:
+    """Named model config, optionally shaped by a workload preset and field overrides."""
+    if name not in MODEL_CONFIGS:
+        raise KeyError(f"unknown model config {name!r}; known: {sorted(MODEL_CONFIGS)}")
+    cfg = MODEL_CONFIGS[name]()
+    if preset is not None:
+        if preset not in WORKLOAD_PRESETS:
+            raise KeyError(f"unknown workload preset {preset!r}; known: {sorted(WORKLOAD_PRESETS)}")
+        p = WORKLOAD_PRESETS[preset]
+        cfg = cfg.replace(camera_names=p.camera_names, action_horizon=p.action_horizon)
+    return cfg.replace(**overrides) if overrides else cfg

@@ -1,0 +1,355 @@
+"""pi0.5 in PyTorch with an explicit, engine-owned KV cache.
+
+Stages (what the engine schedules):
+  ``prefill``      backbone over images + prompt (bidirectional prefix-LM), K/V written into cache slots
+  ``denoise``      S Euler steps of the action expert reading the prefix K/V read-only -> action chunk
+  ``decode_step``  one token per slot for a batch of language sequences, each with its own length/position
+
+The uncached ``joint_forward`` (Mixture-of-Transformers attention over all streams at once, as in training) is
+the reference the cached paths are tested against.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import Pi05Config
+from .kv_cache import KVCache
+from .layers import (
+    GemmaStack,
+    MultiModalProjector,
+    SiglipVisionTower,
+    apply_rope,
+    gated_residual,
+    gqa_attention,
+    rope_cos_sin,
+    sinusoidal_time_embedding,
+)
+from .observation import Observation
+
+
+# --------------------------------------------------------------------------------- module tree (= checkpoint keys)
+class _PaliGemmaInner(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.vision_tower = SiglipVisionTower(cfg.vision)
+        self.multi_modal_projector = MultiModalProjector(cfg.vision.width, cfg.backbone.width)
+        self.language_model = GemmaStack(cfg.backbone, cfg.vocab_size)
+
+
+class _PaliGemma(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.model = _PaliGemmaInner(cfg)
+        self.lm_head = nn.Linear(cfg.backbone.width, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.model.language_model.embed_tokens.weight  # tied
+
+
+class _GemmaExpert(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.model = GemmaStack(cfg.expert, vocab_size=None, cond_dim=cfg.expert.width)
+
+
+class _PaliGemmaWithExpert(nn.Module):
+    def __init__(self, cfg: Pi05Config) -> None:
+        super().__init__()
+        self.paligemma = _PaliGemma(cfg)
+        self.gemma_expert = _GemmaExpert(cfg)
+
+
+@dataclass
+class Prefix:
+    """What ``prefill`` leaves behind for the action expert and the language path."""
+
+    rows: slice  # cache slots holding this prefix
+    length: int  # padded prefix length P (cache positions [0, P))
+    num_valid: torch.Tensor  # [B] valid prefix tokens = position of the first appended token
+    last_hidden: torch.Tensor  # [B, W] final-normed hidden state at the last VALID prefix position
+
+
+class Pi05Model(nn.Module):
+    """pi0.5 (PaliGemma backbone + flow-matching action expert) whose KV cache is owned by the caller."""
+
+    def __init__(self, config: Pi05Config) -> None:
+        super().__init__()
+        self.config = config
+        ew = config.expert.width
+        self.paligemma_with_expert = _PaliGemmaWithExpert(config)
+        self.action_in_proj = nn.Linear(config.action_dim, ew)
+        self.action_out_proj = nn.Linear(ew, config.action_dim)
+        self.time_mlp_in = nn.Linear(ew, ew)
+        self.time_mlp_out = nn.Linear(ew, ew)
+
+    # ------------------------------------------------------------------------------------------ accessors
+    @property
+    def backbone(self) -> GemmaStack:
+        return self.paligemma_with_expert.paligemma.model.language_model
+
+    @property
+    def expert(self) -> GemmaStack:
+        return self.paligemma_with_expert.gemma_expert.model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.action_in_proj.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.action_in_proj.weight.device
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # ------------------------------------------------------------------------------------------ embeddings
+    def embed_images(self, images: torch.Tensor) -> torch.Tensor:
+        """[B, C, 3, H, W] in [-1, 1] -> [B, C * tokens_per_image, W] (not scaled, as in openpi)."""
+        b, c = images.shape[:2]
+        inner = self.paligemma_with_expert.paligemma.model
+        feats = inner.multi_modal_projector(inner.vision_tower(images.flatten(0, 1).to(self.dtype)))
+        return feats.view(b, c * feats.shape[1], feats.shape[2])
+
+    def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        emb = self.backbone.embed_tokens(tokens)
+        return emb * math.sqrt(emb.shape[-1])
+
+    def embed_prefix(self, obs: Observation) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefix embeddings [B, P, W] (image tokens then prompt tokens) and validity [B, P]."""
+        img = self.embed_images(obs.images)
+        n = self.config.vision.tokens_per_image
+        img_valid = obs.image_masks.repeat_interleave(n, dim=1)
+        embs = torch.cat([img, self.embed_tokens(obs.tokens)], dim=1)
+        return embs, torch.cat([img_valid, obs.token_mask], dim=1)
+
+    def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noisy actions [B, H, A] and time [B] -> action tokens [B, H, We] and adaRMS condition [B, We]."""
+        ew = self.config.expert.width
+        cond = sinusoidal_time_embedding(t, ew).to(self.dtype)
+        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(cond))))
+        return self.action_in_proj(x_t.to(self.dtype)), cond
+
+    def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final-normed hidden states -> vocabulary logits (LM head tied to the token embedding)."""
+        return F.linear(hidden, self.backbone.embed_tokens.weight)
+
+    # ------------------------------------------------------------------------------------------ layer pieces
+    def _qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Projected, rotated q [B, Hq, T, D] and k, v [B, Hkv, T, D]."""
+        g = self.config.backbone
+        b, t, _ = x.shape
+        attn = layer.self_attn
+        q = attn.q_proj(x).view(b, t, g.num_heads, g.head_dim).transpose(1, 2)
+        k = attn.k_proj(x).view(b, t, g.num_kv_heads, g.head_dim).transpose(1, 2)
+        v = attn.v_proj(x).view(b, t, g.num_kv_heads, g.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    @staticmethod
+    def _attn_out_mlp(layer, h, attn, gate, cond):
+        h = gated_residual(h, layer.self_attn.o_proj(attn), gate)
+        x, gate = layer.post_attention_layernorm(h, cond)
+        return gated_residual(h, layer.mlp(x), gate)
+
+    def _rope(self, positions: torch.Tensor):
+        g = self.config.backbone
+        return rope_cos_sin(positions, g.head_dim, g.rope_theta, self.dtype)
+
+    # ------------------------------------------------------------------------------------------ cached stages
+    @torch.no_grad()
+    def prefill(self, obs: Observation, cache: KVCache, rows: slice | None = None) -> Prefix:
+        """Run the backbone over the prefix and write its K/V into ``cache`` slots ``rows`` (default 0..B)."""
+        b = obs.batch_size
+        rows = rows if rows is not None else slice(0, b)
+        embs, valid = self.embed_prefix(obs)
+        p = embs.shape[1]
+        if p > cache.max_len:
+            raise ValueError(f"prefix of {p} tokens does not fit the cache ({cache.max_len})")
+        cache.valid[rows] = False
+        cache.valid[rows, :p] = valid
+        cos, sin = self._rope(valid.cumsum(1) - 1)
+        # Prefix-LM: every query sees every valid key (padded queries too, so no row is all-masked).
+        mask = valid[:, None, :].expand(b, p, p)
+        h = embs
+        for i, layer in enumerate(self.backbone.layers):
+            x, _ = layer.input_layernorm(h)
+            q, k, v = self._qkv(layer, x, cos, sin)
+            cache.k[i, rows, :, :p] = k
+            cache.v[i, rows, :, :p] = v
+            h = self._attn_out_mlp(layer, h, gqa_attention(q, k, v, mask), None, None)
+        num_valid = valid.sum(1)
+        last = torch.arange(p, device=valid.device).masked_fill(~valid, -1).argmax(1)
+        last_hidden, _ = self.backbone.norm(h[torch.arange(b, device=h.device), last])
+        return Prefix(rows, p, num_valid, last_hidden)
+
+    @torch.no_grad()
+    def denoise(
+        self, prefix: Prefix, cache: KVCache, noise: torch.Tensor | None = None, num_steps: int | None = None,
+        expert: int = 0,
+    ) -> torch.Tensor:
+        """Flow-matching Euler sampling of an action chunk [B, H, A] (float32) from a cached prefix.
+
+        The prefix K/V is only read; the H action tokens' K/V go to the scratch positions [P, P + H).
+        ``noise`` is x_1 ~ N(0, I) [B, H, A]; t runs 1 -> 0 in ``num_steps`` steps of dt = -1/S (openpi).
+        """
+        del expert  # one expert here; ActionHeads provides several (see heads.py)
+        cfg = self.config
+        rows, p = prefix.rows, prefix.length
+        b = prefix.num_valid.shape[0]
+        h_len = cfg.action_horizon
+        num_steps = num_steps or cfg.num_steps
+        if p + h_len > cache.max_len:
+            raise ValueError("cache too short for the action scratch")
+        if noise is None:
+            noise = torch.randn(b, h_len, cfg.action_dim, device=self.device)
+        dev = noise.device
+        positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
+        cos, sin = self._rope(positions)
+        mask = torch.cat([cache.valid[rows, :p], torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
+        mask = mask[:, None, :].expand(b, h_len, p + h_len)
+
+        dt = -1.0 / num_steps
+        x_t = noise.float()
+        t = torch.tensor(1.0, dtype=torch.float32, device=dev)
+        for _ in range(num_steps):
+            h, cond = self.embed_suffix(x_t, t.expand(b))
+            for i, layer in enumerate(self.expert.layers):
+                x, gate = layer.input_layernorm(h, cond)
+                q, k, v = self._qkv(layer, x, cos, sin)
+                cache.k[i, rows, :, p:p + h_len] = k
+                cache.v[i, rows, :, p:p + h_len] = v
+                attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask)
+                h = self._attn_out_mlp(layer, h, attn, gate, cond)
+            h, _ = self.expert.norm(h, cond)
+            x_t = x_t + dt * self.action_out_proj(h).float()
+            t = t + dt
+        return x_t
+
+    @torch.no_grad()
+    def decode_step(
+        self,
+        cache: KVCache,
+        rows: slice,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        write_index: torch.Tensor,
+        attn_len: int,
+        lora=None,
+    ) -> torch.Tensor:
+        """Advance B language sequences by one token each; returns logits [B, V] (float32).
+
+        tokens/positions/write_index are [B] per slot in ``rows``: each row writes its K/V at its own cache index
+        and attends to its own valid positions in [0, attn_len). ``lora`` (optional) adapts the backbone's
+        projections for these tokens only.
+        """
+        b = tokens.shape[0]
+        ar = torch.arange(b, device=tokens.device)
+        valid = cache.valid[rows]
+        valid[ar, write_index] = True
+        mask = valid[:, None, :attn_len]
+        cos, sin = self._rope(positions[:, None])
+        h = self.embed_tokens(tokens[:, None])
+        for i, layer in enumerate(self.backbone.layers):
+            x, _ = layer.input_layernorm(h)
+            if lora is None:
+                q, k, v = self._qkv(layer, x, cos, sin)
+            else:
+                q, k, v = lora.qkv(self, i, layer, x, cos, sin)
+            kc, vc = cache.k[i, rows], cache.v[i, rows]
+            kc[ar, :, write_index] = k[:, :, 0]
+            vc[ar, :, write_index] = v[:, :, 0]
+            attn = gqa_attention(q, kc[:, :, :attn_len], vc[:, :, :attn_len], mask)
+            if lora is None:
+                h = self._attn_out_mlp(layer, h, attn, None, None)
+            else:
+                h = lora.attn_out_mlp(self, i, layer, h, attn)
+        h, _ = self.backbone.norm(h[:, 0])
+        return self.lm_logits(h).float()
+
+    # ------------------------------------------------------------------------------------------ public API
+    @torch.no_grad()
+    def sample_actions(
+        self, obs: Observation, noise: torch.Tensor | None = None, num_steps: int | None = None
+    ) -> torch.Tensor:
+        """openpi's ``sample_actions``: prefill once, denoise S steps; returns [B, H, action_dim] float32."""
+        cache = KVCache.for_model(self.config, obs.batch_size, dtype=self.dtype, device=self.device)
+        return self.denoise(self.prefill(obs, cache), cache, noise, num_steps)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        obs: Observation,
+        max_new_tokens: int,
+        prompts: list[list[int]] | None = None,
+        eos_id: int = 1,
+    ) -> list[list[int]]:
+        """Greedy language decoding from the observation's prefix (the same KV the action expert reads).
+
+        ``prompts`` are optional per-row request tokens (no BOS) fed after the prefix; with none, the first token
+        comes from the last valid prefix position. Generation stops at EOS (included) or max_new_tokens.
+        """
+        b = obs.batch_size
+        prompts = prompts or [[] for _ in range(b)]
+        longest = max(len(p) for p in prompts) + max_new_tokens
+        cache = KVCache.for_model(self.config, b, extra_tokens=longest, dtype=self.dtype, device=self.device)
+        prefix = self.prefill(obs, cache)
+        first = self.lm_logits(prefix.last_hidden).float().argmax(-1)
+        outs: list[list[int]] = [[] for _ in range(b)]
+        done = [False] * b
+        nxt = [prompts[r][0] if prompts[r] else int(first[r]) for r in range(b)]
+        for r in range(b):
+            if not prompts[r]:
+                outs[r].append(nxt[r])
+                done[r] = nxt[r] == eos_id or max_new_tokens <= 1
+        step = 0
+        while not all(done):
+            tokens = torch.tensor(nxt, device=self.device)
+            logits = self.decode_step(
+                cache, prefix.rows, tokens, prefix.num_valid + step,
+                torch.full((b,), prefix.length + step, device=self.device), prefix.length + step + 1,
+            )
+            step += 1
+            for r in range(b):
+                if done[r]:
+                    continue
+                if step < len(prompts[r]):
+                    nxt[r] = prompts[r][step]
+                    continue
+                nxt[r] = int(logits[r].argmax())
+                outs[r].append(nxt[r])
+                done[r] = nxt[r] == eos_id or len(outs[r]) >= max_new_tokens
+        return outs
+
+    # ------------------------------------------------------------------------------------------ reference path
+    def joint_forward(
+        self,
+        streams: list[tuple[torch.Tensor, GemmaStack, torch.Tensor | None]],
+        mask: torch.Tensor,
+        positions: torch.Tensor,
+    ) -> list[torch.Tensor]:
+        """Uncached Mixture-of-Transformers forward (training-style).
+
+        ``streams``: (hidden [B, T_i, W_i], expert stack, adaRMS cond or None); every stream uses its own weights,
+        attention is joint over the concatenation. mask bool [B, T, T]; positions [B, T]. Returns the final-normed
+        outputs per stream.
+        """
+        cos, sin = self._rope(positions)
+        bounds = torch.tensor([0] + [h.shape[1] for h, _, _ in streams]).cumsum(0).tolist()
+        spans = list(zip(bounds[:-1], bounds[1:], strict=True))
+        hs = [h for h, _, _ in streams]
+        for i in range(self.config.backbone.depth):
+            qkv, gates = [], []
+            for (_, stack, cond), h, (a, b) in zip(streams, hs, spans, strict=True):
+                x, gate = stack.layers[i].input_layernorm(h, cond)
+                qkv.append(self._qkv(stack.layers[i], x, cos[:, :, a:b], sin[:, :, a:b]))
+                gates.append(gate)
+            q, k, v = (torch.cat(t, 2) for t in zip(*qkv, strict=True))
+            attn = gqa_attention(q, k, v, mask)
+            hs = [
+                self._attn_out_mlp(stack.layers[i], h, attn[:, a:b], gate, cond)
+                for (_, stack, cond), h, gate, (a, b) in zip(streams, hs, gates, spans, strict=True)
+            ]
+        return [stack.norm(h, cond)[0] for h, (_, stack, cond) in zip(hs, streams, strict=True)]

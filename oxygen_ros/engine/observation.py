@@ -1,0 +1,67 @@
+"""Model inputs for one control frame (a batch of observations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Observation:
+    """A batch of B observations, already preprocessed for pi0.5.
+
+    images:      float [B, C, 3, H, W] in [-1, 1], cameras in ``config.camera_names`` order
+    image_masks: bool  [B, C]; a False camera is masked out of attention (missing or stale camera)
+    tokens:      int64 [B, L] prompt token ids (BOS + "Task: ..., State: ...;\\nAction: "), padded with 0
+    token_mask:  bool  [B, L] True for real prompt tokens
+    state:       float [B, S] normalised robot state (pi0.5 reads it through the discretised prompt; kept for
+                 bookkeeping and for models that project it)
+    """
+
+    images: torch.Tensor
+    image_masks: torch.Tensor
+    tokens: torch.Tensor
+    token_mask: torch.Tensor
+    state: torch.Tensor | None = None
+
+    @property
+    def batch_size(self) -> int:
+        return self.tokens.shape[0]
+
+    def validate(self, num_cameras: int, image_size: int) -> None:
+        """Raise ValueError with a clear message when shapes, dtypes or values are off."""
+        b = self.batch_size
+        if self.images.shape != (b, num_cameras, 3, image_size, image_size):
+            raise ValueError(
+                f"images must be [B={b}, C={num_cameras}, 3, {image_size}, {image_size}], "
+                f"got {tuple(self.images.shape)}"
+            )
+        if self.image_masks.shape != (b, num_cameras) or self.image_masks.dtype != torch.bool:
+            raise ValueError(f"image_masks must be bool [{b}, {num_cameras}], got {self.image_masks.dtype} "
+                             f"{tuple(self.image_masks.shape)}")
+        if self.token_mask.shape != self.tokens.shape or self.token_mask.dtype != torch.bool:
+            raise ValueError("token_mask must be a bool tensor shaped like tokens")
+        if not bool(self.token_mask.any(dim=1).all()):
+            raise ValueError("every observation needs at least one valid prompt token (BOS)")
+        if not torch.isfinite(self.images).all():
+            raise ValueError("images contain NaN or Inf")
+        if self.state is not None and not torch.isfinite(self.state).all():
+            raise ValueError("state contains NaN or Inf")
+
+    def to(self, device: torch.device | str, dtype: torch.dtype | None = None) -> Observation:
+        return Observation(
+            images=self.images.to(device=device, dtype=dtype or self.images.dtype),
+            image_masks=self.image_masks.to(device),
+            tokens=self.tokens.to(device),
+            token_mask=self.token_mask.to(device),
+            state=None if self.state is None else self.state.to(device),
+        )
+
+    def select(self, index: int) -> Observation:
+        """Observation ``index`` of the batch, as a batch of one."""
+        s = slice(index, index + 1)
+        return Observation(
+            self.images[s], self.image_masks[s], self.tokens[s], self.token_mask[s],
+            None if self.state is None else self.state[s],
+        )

@@ -1,0 +1,1 @@
+"""Command-line tools for oxygen_ros."""

@@ -1,0 +1,54 @@
+"""Shared fixtures: a small random pi0.5 and observations (nothing is downloaded)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from oxygen_ros.engine import Observation, Pi05Config, Pi05Model, get_config
+from oxygen_ros.engine.checkpoint import init_random_weights
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+def make_model(config: Pi05Config | None = None, seed: int = 0) -> Pi05Model:
+    """Random tiny pi0.5 with non-zero adaRMS gates and norm weights, so every path matters."""
+    model = init_random_weights(Pi05Model(config or get_config("tiny")), seed=seed, std=0.1).eval()
+    with torch.no_grad():
+        gen = torch.Generator().manual_seed(seed + 1)
+        for name, p in model.named_parameters():
+            if "norm" in name and "vision" not in name:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return model
+
+
+def make_observation(config: Pi05Config, batch: int = 1, prompt_lens=None, camera_masks=None,
+                     seed: int = 0, length: int | None = None) -> Observation:
+    """Random observation batch; prompt i has prompt_lens[i] valid tokens (BOS first), padded to ``length``."""
+    gen = torch.Generator().manual_seed(seed)
+    prompt_lens = prompt_lens or [10] * batch
+    length = length or max(prompt_lens)
+    c, s = config.num_cameras, config.vision.image_size
+    tokens = torch.zeros(batch, length, dtype=torch.long)
+    mask = torch.zeros(batch, length, dtype=torch.bool)
+    for i, n in enumerate(prompt_lens):
+        tokens[i, :n] = torch.randint(3, config.vocab_size, (n,), generator=gen)
+        tokens[i, 0] = 2
+        mask[i, :n] = True
+    masks = torch.ones(batch, c, dtype=torch.bool)
+    if camera_masks is not None:
+        masks = torch.tensor(camera_masks, dtype=torch.bool)
+    images = torch.rand(batch, c, 3, s, s, generator=gen) * 2 - 1
+    return Observation(images, masks, tokens, mask, torch.rand(batch, 8, generator=gen) * 2 - 1)
+
+
+@pytest.fixture(scope="session")
+def tiny_config() -> Pi05Config:
+    return get_config("tiny")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_config: Pi05Config) -> Pi05Model:
+    return make_model(tiny_config)
