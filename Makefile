@@ -13,9 +13,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
-$(STAMP): $(BIN)/python requirements.txt constraints.txt setup.py setup.cfg
+$(STAMP): $(BIN)/python requirements.txt constraints.txt setup.py setup.cfg \
+		CMakeLists.txt package.xml tools/build_msgs.sh $(wildcard msg/*.msg)
 	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
+	bash tools/build_msgs.sh $(VENV)
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -63,6 +63,18 @@ class _PaliGemmaWithExpert(nn.Module):
         self.gemma_expert = _GemmaExpert(cfg)
 
 
+@dataclass(frozen=True)
+class HeadParts:
+    """One flow-matching action expert: its Gemma stack and projections (see heads.py for extra experts)."""
+
+    stack: GemmaStack
+    action_in_proj: nn.Linear
+    action_out_proj: nn.Linear
+    time_mlp_in: nn.Linear
+    time_mlp_out: nn.Linear
+    horizon: int
+
+
 @dataclass
 class Prefix:
     """What ``prefill`` leaves behind for the action expert and the language path."""
@@ -126,12 +138,17 @@ class Pi05Model(nn.Module):
         embs = torch.cat([img, self.embed_tokens(obs.tokens)], dim=1)
         return embs, torch.cat([img_valid, obs.token_mask], dim=1)
 
-    def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def head_parts(self) -> HeadParts:
+        """The built-in action expert (openpi's) as the parts ``denoise`` runs."""
+        return HeadParts(self.expert, self.action_in_proj, self.action_out_proj, self.time_mlp_in,
+                         self.time_mlp_out, self.config.action_horizon)
+
+    def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor, head: HeadParts | None = None):
         """Noisy actions [B, H, A] and time [B] -> action tokens [B, H, We] and adaRMS condition [B, We]."""
-        ew = self.config.expert.width
-        cond = sinusoidal_time_embedding(t, ew).to(self.dtype)
-        cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(cond))))
-        return self.action_in_proj(x_t.to(self.dtype)), cond
+        head = head or self.head_parts()
+        cond = sinusoidal_time_embedding(t, head.action_in_proj.out_features).to(self.dtype)
+        cond = F.silu(head.time_mlp_out(F.silu(head.time_mlp_in(cond))))
+        return head.action_in_proj(x_t.to(self.dtype)), cond
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states -> vocabulary logits (LM head tied to the token embedding)."""
@@ -188,23 +205,24 @@ class Pi05Model(nn.Module):
     @torch.no_grad()
     def denoise(
         self, prefix: Prefix, cache: KVCache, noise: torch.Tensor | None = None, num_steps: int | None = None,
-        expert: int = 0,
+        head: HeadParts | None = None,
     ) -> torch.Tensor:
         """Flow-matching Euler sampling of an action chunk [B, H, A] (float32) from a cached prefix.
 
         The prefix K/V is only read; the H action tokens' K/V go to the scratch positions [P, P + H).
         ``noise`` is x_1 ~ N(0, I) [B, H, A]; t runs 1 -> 0 in ``num_steps`` steps of dt = -1/S (openpi).
+        ``head`` selects another action expert reading the same prefix (default: the model's own).
         """
-        del expert  # one expert here; ActionHeads provides several (see heads.py)
         cfg = self.config
+        head = head or self.head_parts()
         rows, p = prefix.rows, prefix.length
         b = prefix.num_valid.shape[0]
-        h_len = cfg.action_horizon
+        h_len = head.horizon
         num_steps = num_steps or cfg.num_steps
         if p + h_len > cache.max_len:
             raise ValueError("cache too short for the action scratch")
         if noise is None:
-            noise = torch.randn(b, h_len, cfg.action_dim, device=self.device)
+            noise = torch.randn(b, h_len, head.action_in_proj.in_features, device=self.device)
         dev = noise.device
         positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
         cos, sin = self._rope(positions)
@@ -215,16 +233,16 @@ class Pi05Model(nn.Module):
         x_t = noise.float()
         t = torch.tensor(1.0, dtype=torch.float32, device=dev)
         for _ in range(num_steps):
-            h, cond = self.embed_suffix(x_t, t.expand(b))
-            for i, layer in enumerate(self.expert.layers):
+            h, cond = self.embed_suffix(x_t, t.expand(b), head)
+            for i, layer in enumerate(head.stack.layers):
                 x, gate = layer.input_layernorm(h, cond)
                 q, k, v = self._qkv(layer, x, cos, sin)
                 cache.k[i, rows, :, p:p + h_len] = k
                 cache.v[i, rows, :, p:p + h_len] = v
                 attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask)
                 h = self._attn_out_mlp(layer, h, attn, gate, cond)
-            h, _ = self.expert.norm(h, cond)
-            x_t = x_t + dt * self.action_out_proj(h).float()
+            h, _ = head.stack.norm(h, cond)
+            x_t = x_t + dt * head.action_out_proj(h).float()
             t = t + dt
         return x_t
 
