@@ -13,9 +13,10 @@ from oxygen_ros.engine.checkpoint import init_random_weights
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
 
-def make_model(config: Pi05Config | None = None, seed: int = 0) -> Pi05Model:
-    """Random tiny pi0.5 with non-zero adaRMS gates and norm weights, so every path matters."""
-    model = init_random_weights(Pi05Model(config or get_config("tiny")), seed=seed, std=0.1).eval()
+def make_model(config: Pi05Config | None = None, seed: int = 0, std: float = 0.1) -> Pi05Model:
+    """Random tiny pi0.5 with non-zero adaRMS gates and norm weights, so every path matters
+    (std >= 0.3 makes greedy text vary token to token instead of repeating one token)."""
+    model = init_random_weights(Pi05Model(config or get_config("tiny")), seed=seed, std=std).eval()
     with torch.no_grad():
         gen = torch.Generator().manual_seed(seed + 1)
         for name, p in model.named_parameters():
