@@ -228,6 +228,7 @@ def test_workloads_are_deterministic() -> None:
     for kind in ("every_frame", "every_n", "burst", "poisson", "random_length"):
         w = Workload(kind=kind, period=3, rate=1.5, seed=4)
         a = [[r.max_new_tokens for r in f] for f in w.schedule(30)]
-        assert a == [[r.max_new_tokens for r in f] for f in Workload(kind=kind, period=3, rate=1.5, seed=4).schedule(30)]
+        again = Workload(kind=kind, period=3, rate=1.5, seed=4).schedule(30)
+        assert a == [[r.max_new_tokens for r in f] for f in again]
     assert sum(len(f) for f in Workload(kind="burst", period=5, burst_size=4).schedule(20)) == 16
     assert sum(len(f) for f in Workload(kind="every_n", period=4).schedule(20)) == 5

@@ -1,0 +1,1 @@
+"""Benchmarks: run workloads on engines side by side and report frequencies, throughput and stage costs."""
