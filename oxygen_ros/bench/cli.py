@@ -150,14 +150,14 @@ def markdown_table(points: list[dict]) -> str:
     rows = ["| engine | N | k | action Hz | tokens/s | frame ms (p99) | speedup | predicted | tokens/s x "
             "| manager % | mean batch | memory x |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
     for p in points:
         k = p["k"] if p["engine"] == "oxygen" else "-"
         rows.append(
             f"| {p['engine']} | {p['N']} | {k} | {p['action_hz']:.1f} | {p['tokens_per_s']:.1f} | "
-            f"{p['frame_ms_mean']:.0f} ({p['frame_ms_p99']:.0f}) | "
-            f"{p.get('speedup_vs_isolated', float('nan')):.2f}x | "
-            f"{p.get('predicted_speedup', float('nan')):.2f}x | {p.get('token_rate_vs_isolated') or float('nan'):.2f}x | "
-            f"{100 * p['manager_share']:.2f} | {p['batch_mean']:.1f} | {p.get('memory_vs_isolated', float('nan')):.3f} |")
+            f"{p['frame_ms_mean']:.0f} ({p['frame_ms_p99']:.0f}) | {p.get('speedup_vs_isolated', nan):.2f}x | "
+            f"{p.get('predicted_speedup', nan):.2f}x | {p.get('token_rate_vs_isolated') or nan:.2f}x | "
+            f"{100 * p['manager_share']:.2f} | {p['batch_mean']:.1f} | {p.get('memory_vs_isolated', nan):.3f} |")
     return "\n".join(rows)
 
 
