@@ -29,6 +29,10 @@ setup(
         "console_scripts": [
             "oxygen-profile = oxygen_ros.tools.profile:main",
             "oxygen-make-checkpoint = oxygen_ros.tools.make_checkpoint:main",
+            "oxygen-make-tokenizer = oxygen_ros.tools.make_tokenizer:main",
+            "oxygen-bench = oxygen_ros.bench.cli:main",
+            "oxygen-make-demo-bag = oxygen_ros.tools.make_demo_bag:main",
+            "oxygen-replay-bag = oxygen_ros.tools.replay_bag:main",
         ],
     },
 )
