@@ -220,25 +220,27 @@ class Engine:
                 if not active:
                     break
                 by_slot = {r.slot: r for r in self.inflight}
-                lo = min(r.slot for r in active)
-                hi = max(r.slot for r in active) + 1
-                inputs = torch.zeros(3, hi - lo, dtype=torch.long)  # token, position, write index per row
-                rows_with_adapter = torch.zeros(hi - lo, 1, 1, dtype=self.model.dtype)
+                active_slots = {r.slot for r in active}
+                lo, hi = min(active_slots), max(active_slots) + 1
+                # per row: token, position, write index. Free slots are dummy rows writing at index 0 of an unused
+                # slot; idle live rows write at their next position, which their next real step overwrites.
+                n = hi - lo
+                tokens, positions, writes, adapted = [0] * n, [0] * n, [0] * n, [0.0] * n
                 for s in range(lo, hi):
                     r = by_slot.get(s)
                     if r is None:
-                        continue  # free slot: a dummy row writing at index 0 of an unused slot
-                    inputs[1, s - lo] = r.num_valid + r.fed
-                    inputs[2, s - lo] = r.prefix_len + r.fed  # idle rows rewrite their next position later
-                    if r in active:
-                        inputs[0, s - lo] = r.next_token
-                        rows_with_adapter[s - lo] = float(r.request.task in self.adapter_tasks)
-                attn_len = int(inputs[2].max()) + 1
-                inputs = inputs.to(dev)
+                        continue
+                    positions[s - lo] = r.num_valid + r.fed
+                    writes[s - lo] = r.prefix_len + r.fed
+                    if s in active_slots:
+                        tokens[s - lo] = r.next_token
+                        adapted[s - lo] = float(r.request.task in self.adapter_tasks)
+                attn_len = max(writes) + 1
+                inputs = torch.tensor([tokens, positions, writes], device=dev)
                 lora = None
-                if self.adapter is not None and bool(rows_with_adapter.any()):
+                if self.adapter is not None and any(adapted):
                     lora = self.adapter
-                    lora.row_mask = rows_with_adapter.to(dev)
+                    lora.row_mask = torch.tensor(adapted, dtype=self.model.dtype, device=dev)[:, None, None]
             t_step = time.perf_counter()
             with sw("decode"):
                 logits = self.model.decode_step(self.cache, slice(lo, hi), inputs[0], inputs[1], inputs[2],
