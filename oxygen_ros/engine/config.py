@@ -116,15 +116,16 @@ def _tiny() -> Pi05Config:
 
 
 def _small() -> Pi05Config:
-    """CPU benchmark size, calibrated so the stage cost ratios resemble pi0.5 on a GPU
-    (prefill ~2x the full denoise loop, one decode step a fraction of a prefill); see README."""
+    """CPU benchmark size (140M parameters), calibrated on a 2-core CPU so the stage cost ratios come as close to
+    pi0.5 on a GPU as a CPU allows: prefill ~2x the 10-step denoise loop; one decode step ~0.1x a prefill (GPU:
+    ~0.3x; CPU decode is bandwidth-cheap relative to its compute-bound prefill). See README, Benchmarks."""
     return Pi05Config(
         name="small",
-        vision=VisionConfig(width=256, depth=4, mlp_dim=1024, num_heads=4, patch_size=14, image_size=112),
+        vision=VisionConfig(width=256, depth=4, mlp_dim=1024, num_heads=4, patch_size=14, image_size=84),
         backbone=GemmaConfig(width=1024, depth=8, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=128),
         expert=GemmaConfig(width=256, depth=8, mlp_dim=1024, num_heads=8, num_kv_heads=1, head_dim=128),
         vocab_size=2048,
-        max_token_len=64,
+        max_token_len=48,
     )
 
 

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from oxygen_ros.engine import KVCache, Observation, Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
+from oxygen_ros.engine.cpu_kernels import use_onednn
 from oxygen_ros.engine.timing import median_time
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompt-len", type=int, default=None, help="valid prompt tokens (default: max_token_len)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--no-onednn", action="store_true", help="keep plain F.linear on CPU (default: oneDNN)")
     ap.add_argument("--json", default=None, help="also write the result to this JSON file")
     args = ap.parse_args(argv)
     if args.threads:
@@ -98,13 +100,14 @@ def main(argv: list[str] | None = None) -> None:
     dtype = DTYPES[args.dtype or ("bfloat16" if device.type == "cuda" else "float32")]
     cfg = get_config(args.config, args.preset)
     model = init_random_weights(Pi05Model(cfg)).to(device=device, dtype=dtype).eval()
+    onednn = device.type == "cpu" and dtype == torch.float32 and not args.no_onednn and use_onednn(model) > 0
     res = profile_stages(model, args.batches, args.repeats, prompt_len=args.prompt_len)
     res.update(config=cfg.name, preset=args.preset, device=str(device), dtype=str(dtype).replace("torch.", ""),
-               parameters=model.num_parameters(), peak_memory_bytes=peak_memory_bytes(device),
+               parameters=model.num_parameters(), onednn_linear=onednn, peak_memory_bytes=peak_memory_bytes(device),
                machine=platform.processor() or platform.machine(), threads=torch.get_num_threads())
     p, d = res["prefill_s"], res["denoise_s"]
     print(f"{cfg.name}/{args.preset} on {device} {res['dtype']}: {res['parameters'] / 1e6:.1f}M parameters, "
-          f"{res['prefix_tokens']} prefix tokens, {torch.get_num_threads()} threads")
+          f"{res['prefix_tokens']} prefix tokens, {torch.get_num_threads()} threads, oneDNN linear: {onednn}")
     print(f"  prefill            {p * 1e3:9.2f} ms")
     print(f"  denoise (S={cfg.num_steps:2d})     {d * 1e3:9.2f} ms   prefill/denoise = {p / d:.2f}")
     for b, t in res["decode_step_s"].items():
