@@ -52,6 +52,12 @@ def predict_frame_s(point: dict, profile: dict) -> float:
     return p + d + steps * decode_cost(profile, point["batch_mean"])
 
 
+def pool_size(n: int, k: int | str, burst: int = 1) -> int:
+    """In-flight bound sized to the workload: ceil(N/k) requests in steady state, plus slack for arrivals."""
+    steady = math.ceil(n / k) if isinstance(k, int) else n
+    return steady + max(burst, 2)
+
+
 def parse_k(values: list[str]) -> list[int | str]:
     return [v if v == "auto" else int(v) for v in values]
 
@@ -106,7 +112,7 @@ def main(argv: list[str] | None = None) -> None:
             for k in ks if mode == "oxygen" else [ks[0]]:
                 deadline = args.deadline_ms / 1e3 if args.deadline_ms else None
                 ec = EngineConfig(mode=mode, num_steps=args.S, k=k, deadline_s=deadline, eos_id=-1,
-                                  max_new_tokens=max(args.N), max_inflight=max(2 * max_batch, 8))
+                                  max_new_tokens=max(args.N), max_inflight=pool_size(n, k, args.burst_size))
                 wl = Workload(kind=args.workload, max_new_tokens=n, period=args.period,
                               burst_size=args.burst_size, rate=args.rate, seed=args.seed)
                 plan.append((ec, wl))
