@@ -81,6 +81,9 @@ def test_prompts_bursts_and_random_lengths_match_isolated(model) -> None:
     fl = frames(model.config, wl, seed=10)
     _, iso, _ = run(model, "isolated", fl)
     _, shared, _ = run(model, "shared_kv", fl)
+    _, parallel, _ = run(model, "parallel", fl)
+    assert by_origin(parallel) == by_origin(iso)
+    assert all("language_prefill" in r.timings for r in parallel if r.finished)
     _, oxy, _ = run(model, "oxygen", fl + frames(model.config, [[]] * 8, seed=50), k=3)
     a = by_origin(iso)
     assert by_origin(shared) == a

@@ -286,9 +286,10 @@ class ParallelEngine(Engine):
 
     def __init__(self, model: Pi05Model, config: EngineConfig | None = None, **kw) -> None:
         config = copy.copy(config or EngineConfig(mode="parallel"))
-        config.mode = "isolated"
+        worker_config = copy.copy(config)
+        worker_config.mode = config.mode = "isolated"  # each worker runs the isolated pipeline on its own copy
         super().__init__(model, config, **kw)
-        self.language_worker = Engine(copy.deepcopy(model), config, adapter=kw.get("adapter"),
+        self.language_worker = Engine(copy.deepcopy(model), worker_config, adapter=kw.get("adapter"),
                                       adapter_tasks=kw.get("adapter_tasks"), detokenize=kw.get("detokenize"))
         self.config.mode = "parallel"
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="language-worker")
@@ -298,8 +299,7 @@ class ParallelEngine(Engine):
 
     def step(self, frame: Frame, on_actions: ActionCallback | None = None) -> FrameResult:
         t0 = time.perf_counter()
-        lang = self._pool.submit(self.language_worker.step, Frame(frame.observation, frame.requests,
-                                                                   frame.noise, frame.stamp))
+        lang = self._pool.submit(self._language_frame, frame)
         result = super().step(Frame(frame.observation, [], frame.noise, frame.stamp), on_actions)
         lr = lang.result()
         result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
@@ -309,6 +309,20 @@ class ParallelEngine(Engine):
         result.timings["frame"] = time.perf_counter() - t0
         self.totals["tokens"] += lr.tokens_generated
         self.totals["finished"] += len(lr.finished)
+        return result
+
+    def _language_frame(self, frame: Frame) -> FrameResult:
+        """The language worker's frame: its own prefill of the observation, then each request to completion."""
+        w = self.language_worker
+        sw = Stopwatch(w.model.device)
+        t0 = time.perf_counter()
+        result = FrameResult(w.frame_index, [], [], sw.times, [], 0, 0, stamp=frame.stamp)
+        if frame.requests:
+            w._language(frame, w._prepare(frame.observation), None, w.slots.alloc(), t0, sw, result)
+        if w.detokenize is not None:
+            for f in result.finished:
+                f.text = w.detokenize(f.tokens)
+        w.frame_index += 1
         return result
 
     def close(self) -> None:
