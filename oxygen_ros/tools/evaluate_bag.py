@@ -1,0 +1,888 @@
+"""Offline evaluation: run the engine over a rosbag2 (sqlite3 or mcap) deterministically, without DDS.
+
+    python -m oxygen_ros.tools.evaluate_bag /tmp/demo_bag --checkpoint /tmp/ckpt --out /tmp/eval --mode oxygen
+
+A virtual clock steps through the bag time at ``rate_hz``. Messages are fed in bag order up to each tick and,
+as in the node, validated and decoded on arrival (a bad one is counted and ignored; the previous valid value
+stays): camera images (``sensor_msgs/Image`` or ``CompressedImage``), the instruction (``std_msgs/String``) and
+the joint states (``sensor_msgs/JointState``, joints picked by name). A tick whose inputs are missing, stale (a
+camera header stamp more than ``max_image_age_s`` from the tick) or invalid is skipped and counted with its
+reason. Otherwise one engine frame runs, with a language request every ``request_every`` frames and flow-matching
+noise drawn from a ``torch.Generator`` seeded with ``seed + frame_index``, so the action chunks and texts depend on
+the bag and the arguments only (timings are measured but never feed back into the outputs, unless ``k="auto"``;
+bit-exact digests also need the same device, dtype and torch thread count, which the report records).
+
+Written into ``out``: ``report.json`` (configuration, per-frame stage timings, action frequency, language
+throughput, request latencies, skipped ticks, a sha256 digest of all chunks and texts), PNG plots, and
+``out_bag/``: a rosbag2 with ``/oxygen/action_chunk`` (oxygen_ros/msg/ActionChunk) and ``/oxygen/language``
+(oxygen_ros/msg/LanguageOutput), header-stamped with the originating observation time (the newest camera stamp
+used, as the node stamps them) and logged at the tick that produced them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import math
+import os
+import re
+import shutil
+import statistics
+import struct
+import sys
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rosbags.highlevel import AnyReader
+from rosbags.rosbag2 import StoragePlugin, Writer
+from rosbags.typesys import get_types_from_msg
+from tqdm import tqdm
+
+from oxygen_ros.engine.checkpoint import load_checkpoint
+from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
+from oxygen_ros.engine.observation import Observation
+from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
+from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES, PromptTokenizer
+from oxygen_ros.ros.image_conversion import (
+    SUPPORTED_ENCODINGS,
+    ImageError,
+    compressed_msg_to_array,
+    image_msg_to_array,
+    preprocess,
+)
+from oxygen_ros.ros.norm_stats import NORMALIZATIONS, Normalizer, load_norm_stats, pad_or_truncate
+from oxygen_ros.tools.make_demo_bag import get_ros2_typestore
+
+__all__ = [
+    "ACTION_TOPIC",
+    "ACTION_TYPE",
+    "EMBEDDED_MSGS",
+    "LANGUAGE_TOPIC",
+    "LANGUAGE_TYPE",
+    "PLOT_FILES",
+    "REPORT_KEYS",
+    "evaluate_bag",
+    "find_msg_dir",
+    "main",
+    "oxygen_typestore",
+    "write_plots",
+]
+
+logger = logging.getLogger(__name__)
+
+ACTION_TOPIC = "/oxygen/action_chunk"
+LANGUAGE_TOPIC = "/oxygen/language"
+ACTION_TYPE = "oxygen_ros/msg/ActionChunk"
+LANGUAGE_TYPE = "oxygen_ros/msg/LanguageOutput"
+IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
+DEFAULT_CAMERA_TOPIC = "/cameras/{name}/image_raw"
+STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager")
+PLOT_FILES = ("stage_latency.png", "action_frequency.png", "language_throughput.png", "request_latency.png")
+REPORT_KEYS = ("version", "inputs", "config", "model", "ticks", "frames", "skipped", "skip_reasons",
+               "skipped_frames", "rejected_inputs", "per_frame", "summary", "requests", "digest", "outputs",
+               "wall_s")
+_STORAGES = {"sqlite3": StoragePlugin.SQLITE3, "mcap": StoragePlugin.MCAP}
+
+# Fallback copies of msg/*.msg (field lines must match the files; test_evaluate_bag checks).
+EMBEDDED_MSGS: dict[str, str] = {
+    ACTION_TYPE: """\
+std_msgs/Header header
+uint64 frame_index
+string[] joint_names
+uint32 horizon
+uint32 action_dim
+float32[] actions
+builtin_interfaces/Duration dt
+builtin_interfaces/Duration inference_latency
+""",
+    LANGUAGE_TYPE: """\
+std_msgs/Header header
+uint64 request_id
+uint64 frame_index
+string task
+string text
+uint32 num_tokens
+bool eos
+builtin_interfaces/Duration latency
+""",
+}
+
+
+# ---------------------------------------------------------------------------------------------- message types
+def find_msg_dir() -> Path | None:
+    """The folder holding ActionChunk.msg and LanguageOutput.msg: the source tree's ``msg/``, else
+    ``<prefix>/share/oxygen_ros/msg`` of an installed package (ament index, AMENT_PREFIX_PATH, sys.prefix)."""
+    candidates = [Path(__file__).resolve().parents[2] / "msg"]
+    try:
+        from ament_index_python.packages import get_package_share_directory
+
+        candidates.append(Path(get_package_share_directory("oxygen_ros")) / "msg")
+    except Exception:  # not installed, or oxygen_ros is not in the ament index
+        pass
+    prefixes = [p for p in os.environ.get("AMENT_PREFIX_PATH", "").split(os.pathsep) if p] + [sys.prefix]
+    candidates += [Path(p) / "share" / "oxygen_ros" / "msg" for p in prefixes]
+    names = [t.rsplit("/", 1)[1] + ".msg" for t in EMBEDDED_MSGS]
+    return next((c for c in candidates if all((c / n).is_file() for n in names)), None)
+
+
+def oxygen_typestore() -> tuple[Any, str]:
+    """A ROS 2 rosbags typestore with ActionChunk and LanguageOutput registered, and where they came from
+    (a ``msg/`` folder, or ``"embedded"`` when no .msg files are found)."""
+    ts = get_ros2_typestore()
+    msg_dir = find_msg_dir()
+    types: dict = {}
+    for name, embedded in EMBEDDED_MSGS.items():
+        text = (msg_dir / (name.rsplit("/", 1)[1] + ".msg")).read_text() if msg_dir else embedded
+        types.update(get_types_from_msg(text, name))
+    ts.register(types)
+    return ts, str(msg_dir) if msg_dir else "embedded"
+
+
+# ---------------------------------------------------------------------------------------------- helpers
+def _bag_storage(bag: Path) -> str:
+    """``sqlite3`` or ``mcap``: the input bag's storage (metadata.yaml, else file extensions)."""
+    meta = bag / "metadata.yaml"
+    if meta.is_file():
+        m = re.search(r"storage_identifier:\s*['\"]?(\w+)", meta.read_text())
+        if m and m.group(1) in _STORAGES:
+            return m.group(1)
+    return "mcap" if bag.is_dir() and any(bag.glob("*.mcap")) else "sqlite3"
+
+
+def _stamp_ns(stamp: Any) -> int:
+    """builtin_interfaces/Time -> integer nanoseconds."""
+    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
+
+
+def _percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
+    """count, mean, p50, p90, p99, max of ``values`` (None entries when empty)."""
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    a = np.asarray(values, dtype=np.float64)
+    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
+            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
+
+
+def _resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
+    """``auto`` picks cuda when available; dtype ``auto`` is bfloat16 on cuda, float32 otherwise."""
+    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
+                       "cpu" if device == "auto" else device)
+    if dtype == "auto":
+        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
+    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+    if dtype not in dtypes:
+        raise ValueError(f"dtype must be auto or one of {sorted(dtypes)}, got {dtype!r}")
+    return dev, dtypes[dtype]
+
+
+@dataclass(frozen=True)
+class _Skip:
+    """Why a tick produced no frame (reasons as in the node's diagnostics)."""
+
+    reason: str
+    detail: str
+
+
+@dataclass(frozen=True)
+class _Built:
+    """One frame's model input and what it was built from."""
+
+    observation: Observation
+    stamp_ns: int  # observation time = newest camera stamp used (as the node stamps its outputs)
+    instruction: str
+    state: np.ndarray  # robot-unit state in joint_names order
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+class _Inputs:
+    """The newest valid inputs, fed message by message in bag order, and the Observation at a tick.
+
+    Mirrors the node (oxygen_ros.ros.observation_builder): each message is validated and decoded as it arrives
+    and a bad one is counted in ``rejected`` and ignored (the previous valid value stays); at a tick, a missing
+    or stale camera (header stamp more than ``max_image_age_s`` from the tick), a missing or non-finite state or
+    no instruction skips the frame.
+    """
+
+    def __init__(self, reader: AnyReader, model_cameras: Sequence[str], cameras: dict[str, str], image_size: int,
+                 joint_names: Sequence[str], joint_topic: str, instruction_topic: str, instruction: str,
+                 tokenizer: PromptTokenizer, normalizer: Normalizer, action_dim: int, max_image_age_s: float,
+                 max_image_pixels: int, max_instruction_chars: int) -> None:
+        self.reader = reader
+        self.model_cameras = list(model_cameras)
+        self.cameras = dict(cameras)  # configured camera name -> topic
+        self.topic_camera = {t: n for n, t in cameras.items()}
+        self.image_size, self.action_dim = image_size, action_dim
+        self.joint_names = list(joint_names)
+        self.joint_index = {n: i for i, n in enumerate(self.joint_names)}
+        self.joint_topic, self.instruction_topic = joint_topic, instruction_topic
+        self.tokenizer, self.normalizer = tokenizer, normalizer
+        self.max_age_ns = int(max_image_age_s * 1e9)
+        self.max_pixels, self.max_chars = max_image_pixels, max_instruction_chars
+        self.images: dict[str, tuple[np.ndarray, int]] = {}  # camera -> (pixels [3, S, S], header stamp ns)
+        self.positions = np.full(len(self.joint_names), np.nan)
+        self.seen = np.zeros(len(self.joint_names), dtype=bool)
+        self.instruction: str | None = None
+        self.rejected: Counter[str] = Counter()
+        if instruction:
+            self._set_instruction(instruction)
+
+    # --- messages
+    def on_message(self, topic: str, msgtype: str, raw: bytes) -> None:
+        """Validate and store one bag message of an input topic."""
+        try:
+            msg = self.reader.deserialize(raw, msgtype)
+        except Exception:  # a corrupt payload must not end the evaluation
+            self.rejected["deserialize_error"] += 1
+            return
+        if topic in self.topic_camera:
+            self._on_image(self.topic_camera[topic], msgtype, msg)
+        elif topic == self.joint_topic:
+            self._on_joint_state(msg)
+        elif topic == self.instruction_topic:
+            self._set_instruction(str(msg.data))
+
+    def _on_image(self, cam: str, msgtype: str, msg: Any) -> None:
+        try:
+            if msgtype == IMAGE_TYPES[1]:
+                if len(msg.data) == 0:
+                    self.rejected["image_empty"] += 1
+                    return
+                if len(msg.data) > 3 * self.max_pixels:
+                    self.rejected["image_too_large"] += 1
+                    return
+                try:
+                    rgb = compressed_msg_to_array(msg)
+                except ImageError:
+                    self.rejected["image_undecodable"] += 1
+                    return
+            else:
+                h, w = int(msg.height), int(msg.width)
+                if h <= 0 or w <= 0:
+                    self.rejected["image_zero_size"] += 1
+                    return
+                if h * w > self.max_pixels:
+                    self.rejected["image_too_large"] += 1
+                    return
+                if str(msg.encoding) not in SUPPORTED_ENCODINGS:
+                    self.rejected["image_bad_encoding"] += 1
+                    return
+                rgb = image_msg_to_array(msg)
+            if rgb.shape[0] * rgb.shape[1] > self.max_pixels:
+                self.rejected["image_too_large"] += 1
+                return
+            self.images[cam] = (preprocess(rgb, self.image_size), _stamp_ns(msg.header.stamp))
+        except (ImageError, ValueError):
+            self.rejected["image_bad_data"] += 1
+
+    def _on_joint_state(self, msg: Any) -> None:
+        names, positions = list(msg.name), np.asarray(msg.position, dtype=np.float64).reshape(-1)
+        if not names or len(names) != positions.shape[0]:
+            self.rejected["joint_state_malformed"] += 1
+            return
+        picks = [(self.joint_index[n], j) for j, n in enumerate(names) if n in self.joint_index]
+        if not picks:
+            self.rejected["joint_state_unknown_joints"] += 1
+            return
+        dst, src = (np.array(x, dtype=np.intp) for x in zip(*picks, strict=True))
+        self.positions[dst] = positions[src]  # non-finite values are kept: the state is invalid until fixed
+        self.seen[dst] = True
+        if not np.all(np.isfinite(positions[src])):
+            self.rejected["state_not_finite"] += 1
+
+    def _set_instruction(self, text: str) -> None:
+        if len(text) > self.max_chars:
+            self.rejected["instruction_truncated"] += 1
+            text = text[:self.max_chars]
+        text = text.strip()
+        if not text:
+            self.rejected["instruction_empty"] += 1
+            return
+        self.instruction = text
+
+    # --- ticks
+    def build(self, tick_ns: int) -> _Built | _Skip:
+        """The model input at ``tick_ns``, or why the tick is skipped."""
+        for name in self.cameras:
+            if name not in self.images:
+                return _Skip("missing_camera", f"no image from {name} ({self.cameras[name]}) yet")
+            age = tick_ns - self.images[name][1]
+            if abs(age) > self.max_age_ns:
+                return _Skip("stale_camera", f"{name} image is {age / 1e9:.3f} s old "
+                             f"(max {self.max_age_ns / 1e9:g} s)")
+        if not self.seen.all():
+            missing = [n for n, s in zip(self.joint_names, self.seen, strict=True) if not s]
+            return _Skip("no_state", f"no position yet for {', '.join(missing[:5]) or 'any joint (none configured)'}")
+        if not np.all(np.isfinite(self.positions)):
+            return _Skip("invalid_state", "joint state has NaN/Inf")
+        if self.instruction is None:
+            return _Skip("no_instruction", f"waiting for {self.instruction_topic}")
+        state = self.normalizer.normalize_state(self.positions)
+        if not np.all(np.isfinite(state)):
+            return _Skip("invalid_state", "normalised state has NaN/Inf")
+        prompt = self.tokenizer.tokenize_action_prompt(self.instruction, state)
+        if prompt.truncated:
+            self.rejected["prompt_truncated"] += 1
+        n, s = prompt.num_tokens, self.image_size
+        pixels = np.zeros((1, len(self.model_cameras), 3, s, s), dtype=np.float32)
+        masks = np.zeros((1, len(self.model_cameras)), dtype=bool)
+        for name in self.cameras:  # slots without a configured camera stay masked out
+            slot = self.model_cameras.index(name)
+            pixels[0, slot], masks[0, slot] = self.images[name][0], True
+        obs = Observation(
+            images=torch.from_numpy(pixels), image_masks=torch.from_numpy(masks),
+            tokens=torch.from_numpy(prompt.ids[:n].copy())[None],  # unpadded, as the node does
+            token_mask=torch.from_numpy(prompt.mask[:n].copy())[None],
+            state=torch.from_numpy(pad_or_truncate(state, self.action_dim).astype(np.float32))[None],
+        )
+        stamp = max(self.images[name][1] for name in self.cameras)
+        return _Built(obs, stamp, self.instruction, self.positions.copy())
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+class _Outputs:
+    """Writes ActionChunk / LanguageOutput messages to the output bag and keeps the determinism digests."""
+
+    def __init__(self, writer: Writer, ts: Any, action_names: Sequence[str], dt_s: float) -> None:
+        self.ts, self.writer = ts, writer
+        T = ts.types
+        self.Chunk, self.Lang = T[ACTION_TYPE], T[LANGUAGE_TYPE]
+        self.Header, self.Time, self.Duration = T["std_msgs/msg/Header"], T["builtin_interfaces/msg/Time"], \
+            T["builtin_interfaces/msg/Duration"]
+        self.action_conn = writer.add_connection(ACTION_TOPIC, ACTION_TYPE, typestore=ts)
+        self.language_conn = writer.add_connection(LANGUAGE_TOPIC, LANGUAGE_TYPE, typestore=ts)
+        self.action_names = list(action_names)
+        self.dt = self._duration(dt_s)
+        self.actions_hash, self.texts_hash = hashlib.sha256(), hashlib.sha256()
+        self.num_chunks = self.num_texts = 0
+
+    def _header(self, stamp_ns: int) -> Any:
+        sec, nsec = divmod(stamp_ns, 1_000_000_000)
+        return self.Header(stamp=self.Time(sec=sec, nanosec=nsec), frame_id="")
+
+    def _duration(self, seconds: float) -> Any:
+        sec, nsec = divmod(max(0, round(seconds * 1e9)), 1_000_000_000)
+        return self.Duration(sec=sec, nanosec=nsec)
+
+    def chunk(self, frame_index: int, stamp_ns: int, log_ns: int, actions: np.ndarray, latency_s: float) -> None:
+        """One action chunk [H, D] float32 in robot units, stamped with the observation time ``stamp_ns`` and
+        logged at the tick ``log_ns`` that produced it."""
+        horizon, dim = actions.shape
+        msg = self.Chunk(header=self._header(stamp_ns), frame_index=frame_index, joint_names=self.action_names,
+                         horizon=horizon, action_dim=dim, actions=actions.reshape(-1), dt=self.dt,
+                         inference_latency=self._duration(latency_s))
+        self.writer.write(self.action_conn, log_ns, self.ts.serialize_cdr(msg, ACTION_TYPE))
+        self.actions_hash.update(struct.pack("<qqii", frame_index, stamp_ns, horizon, dim) + actions.tobytes())
+        self.num_chunks += 1
+
+    def language(self, f: FinishedRequest, now_ns: int) -> None:
+        """A finished request: header stamp = originating observation time, logged at the finishing tick."""
+        text = f.text or ""
+        msg = self.Lang(header=self._header(int(f.stamp)), request_id=f.request_id, frame_index=f.frame_index,
+                        task=f.task, text=text, num_tokens=len(f.tokens), eos=bool(f.eos),
+                        latency=self._duration(f.latency_s))
+        self.writer.write(self.language_conn, now_ns, self.ts.serialize_cdr(msg, LANGUAGE_TYPE))
+        self.texts_hash.update(struct.pack("<qqq?", f.request_id, f.frame_index, int(f.stamp), bool(f.eos))
+                               + np.asarray(f.tokens, dtype=np.int64).tobytes() + text.encode() + b"\0")
+        self.num_texts += 1
+
+    def digest(self) -> dict[str, Any]:
+        a, t = self.actions_hash.hexdigest(), self.texts_hash.hexdigest()
+        return {"sha256": hashlib.sha256(f"{a}:{t}".encode()).hexdigest(), "actions_sha256": a,
+                "texts_sha256": t, "num_chunks": self.num_chunks, "num_texts": self.num_texts}
+
+
+# ---------------------------------------------------------------------------------------------- evaluation
+def evaluate_bag(
+    bag: str | Path,
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    tokenizer: str | Path | None = None,
+    mode: str = "oxygen",
+    rate_hz: float = 10.0,
+    num_steps: int = 10,
+    max_new_tokens: int = 30,
+    k: int | str = 5,
+    request_every: int = 1,
+    task: str = "memory",
+    request_prompt: str = "",
+    max_prompt_tokens: int = 16,
+    max_inflight: int = 32,
+    camera_topics: Sequence[str] | None = None,
+    camera_names: Sequence[str] | None = None,
+    joint_names: Sequence[str] | None = None,
+    action_names: Sequence[str] | None = None,
+    delta_action_mask: Sequence[bool] = (),
+    joint_states_topic: str = "/joint_states",
+    instruction_topic: str = "/instruction",
+    instruction: str = "",
+    norm_stats: str | Path | None = None,
+    normalization: str = "quantile",
+    seed: int = 0,
+    max_image_age_s: float = 0.5,
+    max_image_pixels: int = 4096 * 4096,
+    max_instruction_chars: int = 1000,
+    action_rate_hz: float = 0.0,
+    max_frames: int | None = None,
+    device: str = "auto",
+    dtype: str = "auto",
+    storage: str | None = None,
+    plots: bool = True,
+    progress: bool | None = None,
+    overwrite: bool = False,
+) -> dict[str, Any]:
+    """Run the engine over ``bag`` on a virtual clock and write report.json, plots and ``out_bag/`` into ``out``.
+
+    Args:
+        bag: rosbag2 directory (sqlite3 or mcap).
+        checkpoint: directory with model.safetensors (+ config.json); its tokenizer is used unless ``tokenizer``.
+        out: output directory (created; an existing ``out_bag`` needs ``overwrite``).
+        mode: engine mode, oxygen | isolated | shared_kv (| parallel).
+        rate_hz: control frames per second of bag time.
+        num_steps, max_new_tokens, k: S, N and the per-frame decode budget (``"auto"`` makes outputs timing
+            dependent).
+        request_every: a language request every n-th processed frame (0: no language).
+        task, request_prompt: language task (memory | narration | subtask | custom) and a prompt template fed
+            after the shared prefix (``{instruction}`` is replaced; '' uses the task's built-in prompt, required
+            for custom).
+        camera_names: model camera slots fed from the bag (default: all the model's slots); slots not listed are
+            masked out. camera_topics: one topic per camera name (default ``/cameras/<name>/image_raw``, or its
+            ``/compressed`` variant when only that is in the bag).
+        joint_names: state joints in model order (default: the names of the bag's first JointState).
+        action_names: names of the published action dims (default: joint_names); their number is the published
+            action dim (model actions cut or zero-padded to it).
+        delta_action_mask: per action dim, true = the model predicts a delta added to the current state.
+        norm_stats: openpi norm_stats.json (default: ``<checkpoint>/norm_stats.json`` when present, else none).
+        max_image_age_s: a camera whose newest valid image is older than this at a tick skips the tick.
+        action_rate_hz: ActionChunk.dt = 1 / rate; 0 means horizon * rate_hz.
+        max_frames: stop after this many ticks (None: the whole bag).
+        device, dtype: ``auto`` picks cuda (bfloat16) when available, else cpu (float32).
+        storage: output bag storage (default: the input's).
+        progress: tqdm bar (None: only on a terminal).
+
+    Returns:
+        The report (also written to ``out/report.json``).
+
+    Raises:
+        ValueError: invalid arguments, or a configured camera topic of the wrong message type.
+        FileExistsError: ``out/out_bag`` exists and ``overwrite`` is false.
+    """
+    t_start = time.perf_counter()
+    bag, checkpoint, out = Path(bag), Path(checkpoint), Path(out)
+    if mode not in ("oxygen", "isolated", "shared_kv", "parallel"):
+        raise ValueError(f"mode must be oxygen, isolated, shared_kv or parallel, got {mode!r}")
+    if not rate_hz > 0 or not max_image_age_s > 0 or request_every < 0:
+        raise ValueError("rate_hz and max_image_age_s must be > 0 and request_every >= 0")
+    if task not in (*LANGUAGE_TEMPLATES, CUSTOM_TASK):
+        raise ValueError(f"task must be one of {[*LANGUAGE_TEMPLATES, CUSTOM_TASK]}, got {task!r}")
+    if task == CUSTOM_TASK and not request_prompt:
+        raise ValueError("request_prompt is required for task 'custom'")
+    if request_prompt:
+        request_prompt.format(instruction="")  # malformed templates fail here, with str.format's message
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got {normalization!r}")
+    storage = storage or _bag_storage(bag)
+    if storage not in _STORAGES:
+        raise ValueError(f"storage must be one of {sorted(_STORAGES)}, got {storage!r}")
+    out_bag = out / "out_bag"
+    if out_bag.exists():
+        if not overwrite:
+            raise FileExistsError(f"{out_bag} exists (pass overwrite=True / --overwrite)")
+        if not (out_bag / "metadata.yaml").exists():
+            raise FileExistsError(f"{out_bag} exists and is not a rosbag2 directory; not removing it")
+        shutil.rmtree(out_bag)
+    out.mkdir(parents=True, exist_ok=True)
+
+    # --- model, tokenizer, engine, normalisation
+    dev, torch_dtype = _resolve_device(device, dtype)
+    model = load_checkpoint(checkpoint, dtype=torch_dtype, device=dev)
+    cfg = model.config
+    tok = PromptTokenizer(tokenizer or checkpoint, max_token_len=cfg.max_token_len)
+    if norm_stats is None and (checkpoint / "norm_stats.json").is_file():
+        norm_stats = checkpoint / "norm_stats.json"
+    normalizer = Normalizer(load_norm_stats(norm_stats) if norm_stats else None, normalization)
+    period = 1.0 / rate_hz
+    ec = EngineConfig(mode=mode, num_steps=num_steps, k=k, deadline_s=period if k == "auto" else None,
+                      max_inflight=max_inflight, max_new_tokens=max_new_tokens,
+                      max_prompt_tokens=max_prompt_tokens, eos_id=tok.eos_id)
+    engine: Engine = build_engine(model, ec, detokenize=tok.decode)
+
+    cam_names = list(camera_names) if camera_names else list(cfg.camera_names)
+    unknown = [c for c in cam_names if c not in cfg.camera_names]
+    if unknown:
+        raise ValueError(f"camera_names {unknown} are not camera slots of the model {list(cfg.camera_names)}")
+    if camera_topics and len(camera_topics) != len(cam_names):
+        raise ValueError(f"{len(camera_topics)} camera_topics for {len(cam_names)} camera_names")
+
+    ts, msg_source = oxygen_typestore()
+    with AnyReader([bag], default_typestore=ts) as reader:
+        bag_topics = {c.topic: c.msgtype for c in reader.connections}
+        cameras: dict[str, str] = {}
+        for i, name in enumerate(cam_names):
+            topic = camera_topics[i] if camera_topics else DEFAULT_CAMERA_TOPIC.format(name=name)
+            if not camera_topics and topic not in bag_topics and topic + "/compressed" in bag_topics:
+                topic += "/compressed"
+            if topic in bag_topics and bag_topics[topic] not in IMAGE_TYPES:
+                raise ValueError(f"camera topic {topic} has type {bag_topics[topic]}, expected one of {IMAGE_TYPES}")
+            cameras[name] = topic
+        missing_topics = sorted(t for t in cameras.values() if t not in bag_topics)
+        if missing_topics:
+            logger.warning("camera topics not in the bag (every frame will be skipped): %s", missing_topics)
+        if joint_names is None:
+            joint_names = _first_joint_names(reader, joint_states_topic)
+        joint_names = list(joint_names)
+        robot_names = list(action_names) if action_names else joint_names
+        horizon, action_dim = cfg.action_horizon, cfg.action_dim
+        robot_dim = len(robot_names) or action_dim
+        delta = pad_or_truncate(np.asarray(list(delta_action_mask), dtype=bool), robot_dim)
+        if delta.any() and int(np.flatnonzero(delta).max()) >= len(joint_names):
+            raise ValueError("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
+        builtin_prompt = tok.tokenize_request(task, None, max_len=max_prompt_tokens) if not request_prompt else []
+        prompt_cache: dict[str, list[int]] = {}
+
+        def request_tokens(instr: str) -> list[int]:
+            """The request prompt for the current instruction (the node's rule: template, else the task's)."""
+            if not request_prompt:
+                return builtin_prompt
+            if instr not in prompt_cache:
+                prompt_cache[instr] = tok.encode(request_prompt.format(instruction=instr))[:max_prompt_tokens]
+            return prompt_cache[instr]
+
+        inputs = _Inputs(reader, cfg.camera_names, cameras, cfg.vision.image_size, joint_names, joint_states_topic,
+                         instruction_topic, instruction, tok, normalizer, action_dim, max_image_age_s,
+                         max_image_pixels, max_instruction_chars)
+        dt_s = 1.0 / action_rate_hz if action_rate_hz > 0 else period / horizon
+        start_ns, last_ns = reader.start_time, reader.end_time - 1  # rosbags' end_time is exclusive
+        n_ticks = math.floor((last_ns - start_ns) * rate_hz / 1e9 + 1e-9) + 1 if reader.message_count else 0
+        if max_frames is not None:
+            n_ticks = min(n_ticks, max_frames)
+        wanted = {*cameras.values(), joint_states_topic, instruction_topic}
+        conns = [c for c in reader.connections if c.topic in wanted]
+        messages = iter(reader.messages(connections=conns)) if conns else iter(())
+        pending = next(messages, None)
+
+        per_frame: list[dict[str, Any]] = []
+        skipped: list[dict[str, Any]] = []
+        requests: list[dict[str, Any]] = []
+        issued = 0
+        show = sys.stderr.isatty() if progress is None else progress
+        with Writer(out_bag, version=9, storage_plugin=_STORAGES[storage]) as writer:
+            outputs = _Outputs(writer, ts, robot_names, dt_s)
+            for tick in tqdm(range(n_ticks), desc=f"evaluating {bag.name} ({mode})", unit="frame", disable=not show):
+                tick_ns = start_ns + round(tick * 1e9 / rate_hz)
+                while pending is not None and pending[1] <= tick_ns:
+                    conn, _, raw = pending
+                    inputs.on_message(conn.topic, conn.msgtype, raw)
+                    pending = next(messages, None)
+                t0 = time.perf_counter()
+                built = inputs.build(tick_ns)
+                if isinstance(built, _Skip):
+                    skipped.append({"tick": tick, "tick_ns": tick_ns, "reason": built.reason, "detail": built.detail})
+                    continue
+                t_obs = time.perf_counter()
+                frame_index = engine.frame_index
+                gen = torch.Generator().manual_seed(seed + frame_index)
+                noise = torch.randn(1, horizon, action_dim, generator=gen).to(dev, torch_dtype)
+                new = [LanguageRequest(task, max_new_tokens, list(request_tokens(built.instruction)))] \
+                    if request_every and frame_index % request_every == 0 else []
+                issued += len(new)
+                t_actions: list[float] = []
+                res: FrameResult = engine.step(Frame(built.observation, new, noise, stamp=built.stamp_ns),
+                                               lambda _i, _c, ta=t_actions: ta.append(time.perf_counter()))
+                t_engine = time.perf_counter()
+                chunk = res.actions[0].detach().float().cpu().numpy()
+                robot = pad_or_truncate(normalizer.unnormalize_actions(chunk), robot_dim)  # as the node does
+                if delta.any():
+                    robot = robot + np.where(delta, pad_or_truncate(built.state, robot_dim), 0.0)
+                outputs.chunk(frame_index, built.stamp_ns, tick_ns, robot.astype(np.float32),
+                              (t_actions[0] if t_actions else t_engine) - t0)
+                for f in res.finished:
+                    if not f.dropped:
+                        outputs.language(f, tick_ns)
+                    requests.append({"request_id": f.request_id, "task": f.task, "frame_index": f.frame_index,
+                                     "stamp_ns": int(f.stamp), "finished_frame": frame_index,
+                                     "latency_s": f.latency_s, "latency_frames": f.frames,
+                                     "num_tokens": len(f.tokens), "eos": f.eos, "dropped": f.dropped,
+                                     "text": f.text or ""})
+                timings = {s: 1e3 * res.timings.get(s, 0.0) for s in STAGES}
+                timings["frame"] = 1e3 * res.timings["frame"]
+                timings["preprocess"] = 1e3 * (t_obs - t0)
+                timings["tick"] = 1e3 * (time.perf_counter() - t0)
+                per_frame.append({"frame": frame_index, "tick": tick, "tick_ns": tick_ns, "stamp_ns": built.stamp_ns,
+                                  "timings_ms": timings, "tokens": res.tokens_generated, "new_requests": len(new),
+                                  "finished": len(res.finished), "inflight": res.inflight,
+                                  "decode_steps": res.decode_steps, "batch_sizes": res.batch_sizes,
+                                  "rejected": res.rejected, "state": built.state.tolist()})
+    close = getattr(engine, "close", None)
+    if close is not None:
+        close()
+
+    report = _report(
+        bag=bag, storage=storage, checkpoint=checkpoint, tok=tok, msg_source=msg_source, out=out, cfg=cfg,
+        engine=engine, per_frame=per_frame, skipped=skipped, rejected=inputs.rejected, requests=requests,
+        issued=issued, n_ticks=n_ticks, period=period, digest=outputs.digest(),
+        config={"mode": mode, "rate_hz": rate_hz, "num_steps": num_steps, "max_new_tokens": max_new_tokens, "k": k,
+                "request_every": request_every, "task": task, "request_prompt": request_prompt,
+                "max_prompt_tokens": max_prompt_tokens, "max_inflight": max_inflight, "camera_names": cam_names,
+                "camera_topics": cameras, "joint_names": joint_names, "action_names": robot_names,
+                "delta_action_mask": delta.tolist(), "joint_states_topic": joint_states_topic,
+                "instruction_topic": instruction_topic, "norm_stats": str(norm_stats) if norm_stats else None,
+                "normalization": normalization if norm_stats else "none", "seed": seed,
+                "max_image_age_s": max_image_age_s, "action_rate_hz": 1.0 / dt_s, "max_frames": max_frames,
+                "device": str(dev), "dtype": str(torch_dtype).removeprefix("torch."),
+                "torch_threads": torch.get_num_threads()},
+    )
+    if plots:
+        report["outputs"]["plots"] = [p.name for p in write_plots(report, out)]
+    report["wall_s"] = time.perf_counter() - t_start
+    (out / "report.json").write_text(json.dumps(report, indent=2))
+    return report
+
+
+def _first_message(reader: AnyReader, topic: str) -> Any:
+    """The first message on ``topic`` (deserialised), or None."""
+    conns = [c for c in reader.connections if c.topic == topic]
+    for conn, _, raw in reader.messages(connections=conns) if conns else ():
+        return reader.deserialize(raw, conn.msgtype)
+    return None
+
+
+def _first_joint_names(reader: AnyReader, topic: str) -> list[str]:
+    """Joint names of the first JointState on ``topic`` (empty when there is none)."""
+    msg = _first_message(reader, topic)
+    if msg is None:
+        logger.warning("no %s in the bag and no joint_names given: every frame will be skipped", topic)
+        return []
+    return list(msg.name)
+
+
+def _report(*, bag: Path, storage: str, checkpoint: Path, tok: PromptTokenizer, msg_source: str, out: Path, cfg: Any,
+            engine: Engine, per_frame: list[dict], skipped: list[dict], rejected: Counter, requests: list[dict],
+            issued: int,
+            n_ticks: int, period: float, digest: dict, config: dict) -> dict[str, Any]:
+    """Assemble the JSON report from the per-frame records."""
+    frame_s = [f["timings_ms"]["frame"] / 1e3 for f in per_frame]
+    total_s = sum(frame_s)
+    tokens = sum(f["tokens"] for f in per_frame)
+    horizon = cfg.action_horizon
+    lat = [r["latency_s"] for r in requests if not r["dropped"]]
+    lat_frames = [r["latency_frames"] for r in requests if not r["dropped"]]
+    summary = {
+        "action_hz": horizon * len(per_frame) / total_s if total_s > 0 else None,
+        "action_hz_end_to_end": (horizon * len(per_frame) / sum(f["timings_ms"]["tick"] / 1e3 for f in per_frame)
+                                 if per_frame else None),
+        "control_rate_hz": 1.0 / period,
+        "frame_ms": _percentiles([1e3 * s for s in frame_s]),
+        "stage_ms_mean": {s: statistics.fmean(f["timings_ms"][s] for f in per_frame) if per_frame else None
+                          for s in (*STAGES, "preprocess", "frame", "tick")},
+        "deadline_misses": sum(s > period for s in frame_s),
+        "tokens_total": tokens,
+        "tokens_per_s": tokens / total_s if total_s > 0 else None,
+        "decode_steps_per_frame": statistics.fmean(f["decode_steps"] for f in per_frame) if per_frame else None,
+    }
+    reasons = Counter(s["reason"] for s in skipped)
+    return {
+        "version": 1,
+        "inputs": {"bag": str(bag), "storage": storage, "checkpoint": str(checkpoint),
+                   "tokenizer": str(tok.model_path), "msg_definitions": msg_source},
+        "config": config,
+        "model": {"name": cfg.name, "action_horizon": horizon, "action_dim": cfg.action_dim,
+                  "image_size": cfg.vision.image_size, "camera_slots": list(cfg.camera_names),
+                  "max_token_len": cfg.max_token_len},
+        "ticks": n_ticks,
+        "frames": len(per_frame),
+        "skipped": len(skipped),
+        "skip_reasons": dict(sorted(reasons.items())),
+        "skipped_frames": skipped,
+        "rejected_inputs": dict(sorted(rejected.items())),
+        "per_frame": per_frame,
+        "summary": summary,
+        "requests": {"issued": issued, "finished": sum(not r["dropped"] for r in requests),
+                     "eos": sum(bool(r["eos"]) for r in requests if not r["dropped"]),
+                     "rejected": engine.totals["rejected"], "dropped": engine.totals["dropped"],
+                     "unfinished": engine.backlog, "latency_s": _percentiles(lat),
+                     "latency_frames": _percentiles(lat_frames), "items": requests},
+        "digest": digest,
+        "outputs": {"dir": str(out), "report": "report.json", "bag": "out_bag", "action_topic": ACTION_TOPIC,
+                    "language_topic": LANGUAGE_TOPIC, "plots": []},
+        "wall_s": None,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- plots
+def write_plots(report: dict[str, Any], out: str | Path) -> list[Path]:
+    """The four PNGs of :data:`PLOT_FILES` from a report (placeholders when no frame ran)."""
+    from matplotlib.figure import Figure  # no pyplot: no global backend or figure state
+    from matplotlib.ticker import MaxNLocator
+
+    out = Path(out)
+    frames = report["per_frame"]
+    x = [f["frame"] for f in frames]
+    cfg = report["config"]
+    title = f"{report['model']['name']} {cfg['mode']} k={cfg['k']} N={cfg['max_new_tokens']} S={cfg['num_steps']}"
+    period_ms = 1e3 / cfg["rate_hz"]
+    paths = []
+
+    def save(fig: Figure, name: str) -> None:
+        for ax in fig.axes:
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        fig.tight_layout()
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=100)
+
+    def empty(ax: Any) -> bool:
+        if not frames:
+            ax.text(0.5, 0.5, "no frames processed", ha="center", va="center", transform=ax.transAxes)
+        return not frames
+
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
+    if not empty(ax):
+        stages = ("preprocess", *STAGES)
+        colors = ("tab:gray", "tab:blue", "tab:cyan", "tab:red", "tab:green", "black")
+        bottom = np.zeros(len(frames))
+        for stage, color in zip(stages, colors, strict=True):
+            vals = np.array([f["timings_ms"][stage] for f in frames])
+            if vals.any():
+                ax.bar(x, vals, bottom=bottom, width=1.0, label=stage, color=color)
+                bottom += vals
+        ax.plot(x, [f["timings_ms"]["tick"] for f in frames], "k.", ms=3, label="tick total")
+        ax.axhline(period_ms, color="tab:red", ls="--", lw=1, label="control period")
+        ax.legend(fontsize=8, ncol=4, loc="upper right")
+    ax.set_xlabel("frame")
+    ax.set_ylabel("ms")
+    ax.set_title(f"Stage latency per frame: {title}")
+    save(fig, PLOT_FILES[0])
+
+    fig = Figure(figsize=(9, 5))
+    ax1, ax2 = fig.subplots(2, 1, sharex=True)
+    if not empty(ax1):
+        frame_ms = np.array([f["timings_ms"]["frame"] for f in frames])
+        h = report["model"]["action_horizon"]
+        ax1.plot(x, frame_ms, ".-", lw=1, label="engine frame")
+        ax1.axhline(period_ms, color="tab:red", ls="--", lw=1, label="control period")
+        ax1.legend(fontsize=8)
+        ax2.plot(x, 1e3 * h / frame_ms, ".-", lw=1, label="H / frame time")
+        ax2.plot(x, 1e3 * h * np.arange(1, len(frames) + 1) / np.cumsum(frame_ms), lw=2, label="cumulative")
+        ax2.legend(fontsize=8)
+    ax1.set_ylabel("frame time (ms)")
+    ax2.set_ylabel("action frequency (Hz)")
+    ax2.set_xlabel("frame")
+    ax1.set_title(f"Action frequency: {title}")
+    save(fig, PLOT_FILES[1])
+
+    fig = Figure(figsize=(9, 4.5))
+    ax = fig.add_subplot()
+    if not empty(ax):
+        tok_s = [1e3 * f["tokens"] / f["timings_ms"]["frame"] for f in frames]
+        ax.bar(x, tok_s, width=1.0, color="tab:green", label="tokens/s (frame)")
+        ax.set_ylabel("tokens / s")
+        ax_b = ax.twinx()
+        ax_b.plot(x, [f["inflight"] for f in frames], "k-", lw=1, label="in-flight requests")
+        ax_b.set_ylabel("in-flight requests")
+        ax.legend(loc="upper left", fontsize=8)
+        ax_b.legend(loc="upper right", fontsize=8)
+    ax.set_xlabel("frame")
+    ax.set_title(f"Language throughput: {title}")
+    save(fig, PLOT_FILES[2])
+
+    fig = Figure(figsize=(9, 4))
+    ax1, ax2 = fig.subplots(1, 2)
+    items = [r for r in report["requests"]["items"] if not r["dropped"]]
+    if not items:
+        for ax in (ax1, ax2):
+            ax.text(0.5, 0.5, "no finished requests", ha="center", va="center", transform=ax.transAxes)
+    else:
+        ax1.hist([1e3 * r["latency_s"] for r in items], bins=20, color="tab:purple")
+        frames_lat = [r["latency_frames"] for r in items]
+        ax2.hist(frames_lat, bins=np.arange(0.5, max(frames_lat) + 1.5), color="tab:orange")
+    ax1.set_xlabel("request latency (ms, wall)")
+    ax2.set_xlabel("request latency (frames)")
+    ax1.set_ylabel("requests")
+    fig.suptitle(f"Request latency: {title}")
+    save(fig, PLOT_FILES[3])
+    return paths
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+def _k(value: str) -> int | str:
+    return value if value == "auto" else int(value)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("bag", type=Path, help="rosbag2 directory (sqlite3 or mcap)")
+    p.add_argument("--checkpoint", type=Path, required=True, help="checkpoint directory (model.safetensors)")
+    p.add_argument("--tokenizer", type=Path, help="SentencePiece model or directory (default: the checkpoint's)")
+    p.add_argument("--out", type=Path, required=True, help="output directory")
+    p.add_argument("--mode", choices=["oxygen", "isolated", "shared_kv", "parallel"], default="oxygen")
+    p.add_argument("--rate-hz", type=float, default=10.0, help="control frames per second of bag time")
+    p.add_argument("--num-steps", type=int, default=10, help="S: denoise steps")
+    p.add_argument("--max-new-tokens", type=int, default=30, help="N: tokens per language request")
+    p.add_argument("--k", type=_k, default=5, help="per-frame decode budget (oxygen), or 'auto'")
+    p.add_argument("--request-every", type=int, default=1, help="a language request every n frames (0: none)")
+    p.add_argument("--task", choices=[*LANGUAGE_TEMPLATES, CUSTOM_TASK], default="memory")
+    p.add_argument("--request-prompt", default="", help="prompt for --task custom ({instruction} replaced)")
+    p.add_argument("--max-inflight", type=int, default=32)
+    p.add_argument("--camera-topics", nargs="+", help="one image topic per camera name")
+    p.add_argument("--camera-names", nargs="+", help="model camera slots to feed (default: all)")
+    p.add_argument("--joint-names", nargs="+", help="state joints in model order (default: the bag's)")
+    p.add_argument("--action-names", nargs="+", help="published action dims (default: the joint names)")
+    p.add_argument("--delta-action-mask", nargs="+", type=int, choices=[0, 1], default=[],
+                   help="per action dim, 1 = delta added to the state")
+    p.add_argument("--joint-states-topic", default="/joint_states")
+    p.add_argument("--instruction-topic", default="/instruction")
+    p.add_argument("--instruction", default="", help="instruction used until one is in the bag")
+    p.add_argument("--norm-stats", type=Path, help="openpi norm_stats.json")
+    p.add_argument("--normalization", choices=NORMALIZATIONS, default="quantile")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-image-age", type=float, default=0.5, help="seconds; older cameras skip the frame")
+    p.add_argument("--action-rate-hz", type=float, default=0.0, help="ActionChunk.dt = 1/rate (0: H * rate)")
+    p.add_argument("--max-frames", type=int, help="evaluate at most this many ticks")
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    p.add_argument("--storage", choices=sorted(_STORAGES), help="output bag storage (default: the input's)")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing out_bag")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    report = evaluate_bag(
+        args.bag, args.checkpoint, args.out, tokenizer=args.tokenizer, mode=args.mode, rate_hz=args.rate_hz,
+        num_steps=args.num_steps, max_new_tokens=args.max_new_tokens, k=args.k, request_every=args.request_every,
+        task=args.task, request_prompt=args.request_prompt, max_inflight=args.max_inflight,
+        camera_topics=args.camera_topics, camera_names=args.camera_names, joint_names=args.joint_names,
+        action_names=args.action_names, delta_action_mask=[bool(d) for d in args.delta_action_mask],
+        joint_states_topic=args.joint_states_topic, instruction_topic=args.instruction_topic,
+        instruction=args.instruction, norm_stats=args.norm_stats, normalization=args.normalization, seed=args.seed,
+        max_image_age_s=args.max_image_age, action_rate_hz=args.action_rate_hz, max_frames=args.max_frames,
+        device=args.device, dtype=args.dtype, storage=args.storage, plots=not args.no_plots,
+        progress=False if args.no_progress else None, overwrite=args.overwrite,
+    )
+    s, r = report["summary"], report["requests"]
+
+    def fmt(v: float | None, spec: str) -> str:
+        return "n/a" if v is None else format(v, spec)
+
+    print(f"{report['frames']}/{report['ticks']} frames ({report['skipped']} skipped {report['skip_reasons']}), "
+          f"action {fmt(s['action_hz'], '.1f')} Hz, {fmt(s['tokens_per_s'], '.1f')} tokens/s, "
+          f"{r['finished']} language outputs (p50 {fmt(r['latency_frames']['p50'], '.0f')} frames)")
+    print(f"digest {report['digest']['sha256']}")
+    print(f"wrote {args.out / 'report.json'}, {len(report['outputs']['plots'])} plots, {args.out / 'out_bag'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
