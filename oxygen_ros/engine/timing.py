@@ -14,26 +14,34 @@ def synchronize(device: torch.device | str) -> None:
 
 
 class Stopwatch:
-    """``with sw("denoise"): ...`` accumulates seconds per stage name."""
+    """``with sw("denoise"): ...`` accumulates seconds per stage name.
+
+    Nested stages are exclusive: time spent in an inner stage is not counted in the outer one, so the stage
+    times of a frame add up to (at most) its wall time.
+    """
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = device
         self.times: dict[str, float] = {}
-        self._name = ""
-        self._t0 = 0.0
+        self._next = ""
+        self._stack: list[list] = []  # [name, start, time spent in children]
 
     def __call__(self, name: str) -> Stopwatch:
-        self._name = name
+        self._next = name
         return self
 
     def __enter__(self) -> Stopwatch:
         synchronize(self.device)
-        self._t0 = time.perf_counter()
+        self._stack.append([self._next, time.perf_counter(), 0.0])
         return self
 
     def __exit__(self, *exc) -> None:
         synchronize(self.device)
-        self.times[self._name] = self.times.get(self._name, 0.0) + time.perf_counter() - self._t0
+        name, start, children = self._stack.pop()
+        elapsed = time.perf_counter() - start
+        self.times[name] = self.times.get(name, 0.0) + elapsed - children
+        if self._stack:
+            self._stack[-1][2] += elapsed
 
 
 def median_time(fn: Callable[[], object], repeats: int, device: torch.device | str = "cpu", warmup: int = 1) -> float:
