@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
-from oxygen_ros.bench.plots import plot_bench
-from oxygen_ros.bench.runner import machine_info, run_point, warmup_frames
+from oxygen_ros.bench.progress import progress_bar
+from oxygen_ros.bench.runner import PROMPT_LEN, machine_info, run_point, warmup_frames
 from oxygen_ros.engine import Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
 from oxygen_ros.engine.cpu_kernels import use_onednn
@@ -103,7 +102,8 @@ def main(argv: list[str] | None = None) -> None:
 
     ks = parse_k(args.k)
     max_batch = max(max(math.ceil(n / k) if isinstance(k, int) else n for n in args.N for k in ks), 2)
-    profile = profile_stages(model, sorted({1, 2, 4, 8, 16, 32, max_batch}), repeats=5)
+    prompt_len = min(cfg.max_token_len, PROMPT_LEN)  # the prompt run_point's observation has
+    profile = profile_stages(model, sorted({1, 2, 4, 8, 16, 32, max_batch}), repeats=5, prompt_len=prompt_len)
 
     points = []
     plan = []
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> None:
                               burst_size=args.burst_size, rate=args.rate, seed=args.seed)
                 plan.append((ec, wl))
     total_frames = sum(warmup_frames(ec, wl) + args.frames for ec, wl in plan)
-    with tqdm(total=total_frames, desc="benchmark frames") as bar:
+    with progress_bar(total=total_frames, desc="benchmark frames") as bar:
         for ec, wl in plan:
-            point = run_point(model, ec, wl, args.frames, args.seed, heads=heads, progress=lambda: bar.update(1))
+            point = run_point(model, ec, wl, args.frames, args.seed, heads=heads, on_frame=lambda _: bar.update(1))
             point["predicted_frame_ms"] = 1e3 * predict_frame_s(point, profile)
             point["measured_over_predicted"] = point["frame_ms_mean"] / point["predicted_frame_ms"]
             points.append(point)
@@ -145,7 +145,12 @@ def main(argv: list[str] | None = None) -> None:
     (args.out / "results.json").write_text(json.dumps(result, indent=2, default=str))
     table = markdown_table(points)
     (args.out / "summary.md").write_text(table + "\n")
-    plot_bench(result, args.out)
+    try:
+        from oxygen_ros.bench.plots import plot_bench
+    except ImportError:  # matplotlib missing (a bare GPU machine): JSON and table only
+        print("matplotlib is not installed: no plots")
+    else:
+        plot_bench(result, args.out)
     print(f"\nstage costs: prefill {profile['prefill_s'] * 1e3:.1f} ms, denoise (S={args.S}) "
           f"{profile['denoise_s'] * 1e3:.1f} ms, decode step B=1 {profile['decode_step_s'][1] * 1e3:.1f} ms")
     print(table)

@@ -5,16 +5,18 @@ from __future__ import annotations
 import math
 import platform
 import statistics
+from collections.abc import Callable
 from dataclasses import asdict
 
 import torch
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.model import Pi05Model
-from oxygen_ros.engine.requests import Frame
+from oxygen_ros.engine.requests import Frame, FrameResult
 from oxygen_ros.engine.workload import Workload
 from oxygen_ros.tools.profile import dummy_observation
 
+PROMPT_LEN = 48  # valid prompt tokens of the benchmark observation (pi0.5 LIBERO prompts are ~30-50 tokens)
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager", "frame")
 
 
@@ -35,10 +37,12 @@ def warmup_frames(ec: EngineConfig, workload: Workload) -> int:
 
 
 def run_point(model: Pi05Model, ec: EngineConfig, workload: Workload, frames: int, seed: int = 0,
-              heads=None, progress=None) -> dict:
-    """Measure ``frames`` frames after warm-up; returns one JSON-able record."""
+              heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> dict:
+    """Measure ``frames`` frames after warm-up; returns one JSON-able record.
+
+    ``on_frame`` sees every frame's result, warm-up included (progress bars, traces)."""
     engine = build_engine(model, ec, heads=heads)
-    obs = dummy_observation(model, 1, prompt_len=min(model.config.max_token_len, 48))
+    obs = dummy_observation(model, 1, prompt_len=min(model.config.max_token_len, PROMPT_LEN))
     horizon = model.config.action_horizon
     warm = warmup_frames(ec, workload)
     schedule = workload.schedule(warm + frames)
@@ -48,8 +52,8 @@ def run_point(model: Pi05Model, ec: EngineConfig, workload: Workload, frames: in
     deadline = ec.deadline_s
     for f, reqs in enumerate(schedule):
         res = engine.step(Frame(obs, reqs, noise))
-        if progress is not None:
-            progress()
+        if on_frame is not None:
+            on_frame(res)
         if f >= warm:
             records.append(res)
     close = getattr(engine, "close", None)

@@ -12,8 +12,8 @@ import resource
 import sys
 
 import torch
-from tqdm import tqdm
 
+from oxygen_ros.bench.progress import progress_bar
 from oxygen_ros.engine import KVCache, Observation, Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
 from oxygen_ros.engine.cpu_kernels import use_onednn
@@ -57,7 +57,7 @@ def profile_stages(model: Pi05Model, batches: list[int], repeats: int = 5, decod
     cache.valid[1:max_b] = cache.valid[:1]
     cache.valid[:, prefix.length:prefix.length + decode_context] = True
     decode = {}
-    for b in tqdm(batches, desc="decode batch sizes", leave=False):
+    for b in progress_bar(batches, desc="decode batch sizes", leave=False):
         idx = torch.full((b,), prefix.length + decode_context, device=dev)
         pos = prefix.num_valid.expand(b) + decode_context
         tokens = torch.full((b,), 5, device=dev)
