@@ -1,0 +1,78 @@
+"""The toy model: a small pi0.5 config sized for CPU training on the tabletop world, and its tokenizer corpus."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from oxygen_ros.engine import Pi05Model
+from oxygen_ros.engine.config import GemmaConfig, Pi05Config, VisionConfig
+from oxygen_ros.tools.make_tokenizer import make_test_tokenizer
+from oxygen_ros.world.render import COLORS
+from oxygen_ros.world.tabletop import CAMERAS, JOINT_NAMES
+
+__all__ = ["ACTION_HORIZON", "VOCAB_SIZE", "init_toy_model", "make_world_tokenizer", "toy_config", "world_sentences"]
+
+ACTION_HORIZON = 8
+VOCAB_SIZE = 512
+
+
+def toy_config(image_size: int = 64, patch_size: int = 8) -> Pi05Config:
+    """pi0.5 at toy scale (about 1.5M parameters): the same architecture, two cameras, 4-D actions."""
+    heads = {"num_heads": 4, "num_kv_heads": 1, "head_dim": 32}
+    return Pi05Config(
+        name="toy",
+        vision=VisionConfig(width=96, depth=3, mlp_dim=384, num_heads=4, patch_size=patch_size,
+                            image_size=image_size),
+        backbone=GemmaConfig(width=128, depth=3, mlp_dim=512, **heads),
+        expert=GemmaConfig(width=96, depth=3, mlp_dim=384, **heads),
+        vocab_size=VOCAB_SIZE,
+        action_dim=len(JOINT_NAMES),
+        action_horizon=ACTION_HORIZON,
+        max_token_len=48,
+        camera_names=CAMERAS,
+        num_steps=10,
+    )
+
+
+def world_sentences(repeats: int = 20, seed: int = 0) -> list[str]:
+    """Every instruction, memory text and a spread of action prompts of the world (tokenizer training text)."""
+    rng = np.random.default_rng(seed)
+    colors = list(COLORS)
+    lines: list[str] = []
+    for block, plate in itertools.product(colors, colors):
+        instruction = f"put the {block} block on the {plate} plate"
+        for _ in range(repeats):
+            state = " ".join(str(v) for v in rng.integers(0, 256, len(JOINT_NAMES)))
+            lines.append(f"Task: {instruction}, State: {state};\nAction: ")
+        lines += [f"Memory: The {block} block is on the {plate} plate."] * repeats
+    for block in colors:
+        lines += [f"Memory: The {block} block is {where}." for where in ("in the gripper", "on the table")] * repeats
+        for _ in range(repeats):
+            x, y = rng.integers(0, 100, 2)
+            lines += [f"Subtask: pick up the {block} block at {x} {y}",
+                      f"Subtask: put it on the {block} plate at {y} {x}"]
+    return lines
+
+
+def make_world_tokenizer(out_dir: Path, vocab_size: int = VOCAB_SIZE) -> Path:
+    """Train the SentencePiece tokenizer (PaliGemma special ids) on the built-in corpus plus the world's text."""
+    return make_test_tokenizer(out_dir, vocab_size=vocab_size, extra_text=world_sentences())
+
+
+def init_toy_model(config: Pi05Config, seed: int = 0) -> Pi05Model:
+    """A freshly initialised model for training from scratch: PyTorch's default init for linear and conv layers,
+    token embeddings at 1 / sqrt(width) (unit scale after Gemma's sqrt(width) multiplier, unit-scale tied logits),
+    small vision position embeddings, and openpi's zero-initialised adaRMSNorm (each expert layer starts as the
+    identity)."""
+    torch.manual_seed(seed)
+    model = Pi05Model(config)
+    with torch.no_grad():
+        emb = model.backbone.embed_tokens.weight
+        emb.normal_(0.0, emb.shape[1] ** -0.5)
+        vision = model.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+        vision.embeddings.position_embedding.weight.normal_(0.0, 0.05)
+    return model

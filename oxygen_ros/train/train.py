@@ -1,0 +1,170 @@
+"""Train the toy pi0.5 on expert demonstrations of the tabletop world (CPU, minutes).
+
+    python -m oxygen_ros.train.train --out models/toy [--episodes 1200 --steps 3000 --threads 2]
+
+Writes ``model.safetensors`` + ``config.json`` (the toy config), ``tokenizer.model``, ``norm_stats.json`` and
+``train_log.json`` into ``--out``: the directory the engine, the evaluation and the ROS node load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from oxygen_ros.engine.checkpoint import save_checkpoint
+from oxygen_ros.engine.tokenizer import PromptTokenizer
+
+from .data import Demonstrations, collect, make_batch
+from .losses import training_losses
+from .policy import NormStats
+from .recipe import ACTION_HORIZON, init_toy_model, make_world_tokenizer, toy_config
+from .validation import validate
+
+__all__ = ["VAL_FIRST_SEED", "TrainConfig", "train"]
+
+VAL_FIRST_SEED = 900_000
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one training run (the defaults are the committed model's recipe)."""
+
+    out: Path
+    episodes: int = 1200  # expert demonstrations (seeds 0 .. episodes - 1; evaluation uses seeds >= 1_000_000)
+    steps: int = 3000
+    batch_size: int = 64
+    lr: float = 1e-3
+    warmup: int = 100
+    weight_decay: float = 1e-4
+    num_noise: int = 4  # flow-matching noise samples per example (share one prefix forward)
+    lang_weight: float = 1.0  # weight of each language loss (memory, subtask co-training)
+    seed: int = 0
+    threads: int = 2
+    max_minutes: float = 28.0  # stop (and save) early when the wall-clock budget runs out
+    log_every: int = 50
+    val_every: int = 500  # open-loop validation on held-out demonstrations (seeds from VAL_FIRST_SEED)
+    val_episodes: int = 12
+    data: Path | None = None  # .npz cache of the demonstrations (written if missing)
+
+
+def _lr(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to 5% of the peak."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup)
+    return cfg.lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac))))
+
+
+def _demonstrations(cfg: TrainConfig) -> Demonstrations:
+    if cfg.data is not None and Path(cfg.data).exists():
+        return Demonstrations.load(cfg.data)
+    demos = collect(cfg.episodes, horizon=ACTION_HORIZON)
+    if cfg.data is not None:
+        demos.save(cfg.data)
+    return demos
+
+
+def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; no weight decay on norms, biases and embeddings."""
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embed" not in n]
+    other = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embed" not in n)]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _fit_schedule(cfg: TrainConfig, step: int, loop_s: float, elapsed_s: float) -> int | None:
+    """A shorter total step count when the measured pace would overrun ``max_minutes`` (else None)."""
+    per_step = loop_s / step
+    fitted = step + max(1, int((cfg.max_minutes * 60 - elapsed_s - 10.0) / per_step))
+    return fitted if fitted < cfg.steps else None
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> dict:
+    """Run the whole recipe and save everything into ``cfg.out``; returns the training log."""
+    t_start = time.perf_counter()
+    cfg = replace(cfg)  # the schedule may be shortened to fit the time budget
+    torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_cfg = toy_config()
+    tok = PromptTokenizer(make_world_tokenizer(out), model_cfg.max_token_len)
+    demos = _demonstrations(cfg)
+    stats = NormStats.fit(demos.states, demos.actions)
+    stats.save(out)
+    model = init_toy_model(model_cfg, cfg.seed).train()
+    opt = _optimizer(model, cfg)
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    token_cache: dict[str, list[int]] = {}
+    val = collect(cfg.val_episodes, VAL_FIRST_SEED, ACTION_HORIZON, progress=False)
+    val_index = np.linspace(0, len(val) - 1, min(64, len(val))).round().astype(int)
+    val_batch = make_batch(val, val_index, tok, stats, model_cfg.action_dim, token_cache)
+    history: list[dict] = []
+    running: dict[str, float] = {}
+    metrics: dict[str, float] = {}
+    t_loop = time.perf_counter()
+    bar = tqdm(total=cfg.steps, desc="train", disable=not progress)
+    step = 0
+    while step < cfg.steps:
+        for group in opt.param_groups:
+            group["lr"] = _lr(step, cfg)
+        batch = make_batch(demos, rng.integers(0, len(demos), cfg.batch_size), tok, stats, model_cfg.action_dim,
+                           token_cache)
+        losses = training_losses(model, batch, cfg.num_noise, gen)
+        loss = losses["action"] + cfg.lang_weight * sum(v for k, v in losses.items() if k != "action")
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        for k, v in losses.items():
+            running[k] = 0.9 * running.get(k, v.item()) + 0.1 * v.item()
+        last = step == cfg.steps - 1
+        if (step + 1) % cfg.val_every == 0 or last:
+            metrics = validate(model, val_batch, val, val_index, tok, stats)
+        bar.set_postfix(**{k: f"{v:.4f}" for k, v in running.items()},
+                        **{k[4:]: f"{v:.3f}" for k, v in metrics.items()})
+        if step % cfg.log_every == 0 or last or (step + 1) % cfg.val_every == 0:
+            history.append({"step": step, "lr": _lr(step, cfg), **{k: v.item() for k, v in losses.items()},
+                            **metrics, "elapsed_s": time.perf_counter() - t_start})
+        step += 1
+        bar.update()
+        if step in (20, 100) or step % 250 == 0:  # fit the schedule into the wall-clock budget
+            fitted = _fit_schedule(cfg, step, time.perf_counter() - t_loop, time.perf_counter() - t_start)
+            if fitted is not None:
+                bar.write(f"shortening the schedule to {fitted} steps to fit {cfg.max_minutes} min")
+                cfg.steps = bar.total = fitted
+    bar.close()
+    save_checkpoint(model.eval(), out)
+    log = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
+           "samples": len(demos), "parameters": model.num_parameters(), "steps_done": step,
+           "wall_s": time.perf_counter() - t_start, "history": history}
+    (out / "train_log.json").write_text(json.dumps(log, indent=2))
+    return log
+
+
+def main(argv: list[str] | None = None) -> None:
+    """CLI entry point (see the module docstring)."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", type=Path, required=True, help="output model directory")
+    for f in TrainConfig.__dataclass_fields__.values():
+        if f.name == "out":
+            continue
+        kind = Path if f.name == "data" else type(f.default)
+        ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, help=f"default {f.default}")
+    args = vars(ap.parse_args(argv))
+    log = train(TrainConfig(**args))
+    last = log["history"][-1]
+    print(f"saved {args['out']}: {log['steps_done']} steps in {log['wall_s'] / 60:.1f} min, "
+          f"action loss {last['action']:.4f}, memory loss {last['memory']:.4f}, subtask loss {last['subtask']:.4f}")
+
+
+if __name__ == "__main__":
+    main()
