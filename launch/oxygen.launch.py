@@ -1,0 +1,106 @@
+"""Launch the oxygen_ros inference node (a lifecycle node; it configures and activates itself unless
+``autostart:=false``, in which case a lifecycle manager drives it).
+
+    # demo: a tiny random model generated at startup, fed by `python -m oxygen_ros.ros.demo --no-node`
+    ros2 launch oxygen_ros oxygen.launch.py
+    # a real robot
+    ros2 launch oxygen_ros oxygen.launch.py \\
+        config_file:=$(ros2 pkg prefix oxygen_ros)/share/oxygen_ros/config/libero.yaml \\
+        checkpoint_path:=/models/pi05_libero namespace:=arm1
+    # bag replay: follow /clock
+    ros2 launch oxygen_ros oxygen.launch.py use_sim_time:=true
+
+Arguments: config_file, checkpoint_path (overrides the file's when set), use_sim_time, namespace, node_name,
+autostart, trajectory_topic (where ~/trajectory is remapped to), log_level.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.launch_context import LaunchContext
+from launch.launch_description import LaunchDescription
+from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
+from launch_ros.actions import LifecycleNode
+from launch_ros.substitutions import FindPackageShare
+
+PACKAGE = "oxygen_ros"
+EXECUTABLE = "oxygen_node"
+
+# (name, default, description)
+ARGUMENTS: list[tuple[str, Any, str]] = [
+    ("config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "demo.yaml"]),
+     "ROS parameters file (see share/oxygen_ros/config: libero, droid, aloha, humanoid, demo)"),
+    ("checkpoint_path", "", "pi0.5 checkpoint directory; overrides the config file's checkpoint_path when set"),
+    ("use_sim_time", "false", "follow /clock (bag replay, simulation)"),
+    ("namespace", "", "namespace of the node (relative topics such as joint_states and instruction move with it)"),
+    ("node_name", "oxygen", "name of the node (its outputs are ~/action_chunk, ~/language_output, ~/trajectory)"),
+    ("autostart", "true", "configure and activate at startup; false: wait for lifecycle transitions"),
+    ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
+     "where ~/trajectory is remapped to (ros2_control's joint_trajectory_controller input)"),
+    ("log_level", "info", "ROS log level of the node"),
+]
+
+
+def _as_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value not in ("true", "false", "1", "0"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return value in ("true", "1")
+
+
+def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_sim_time: bool = False,
+                namespace: str = "", node_name: str = "oxygen", autostart: bool = True,
+                trajectory_topic: str = "/joint_trajectory_controller/joint_trajectory", log_level: str = "info",
+                extra_parameters: dict[str, Any] | None = None, **kwargs: Any) -> LifecycleNode:
+    """The node action with plain values (also used by test/test_launch.py). ``extra_parameters`` override the
+    config file; ``kwargs`` go to the action (e.g. ``cached_output``, ``additional_env``, ``output``)."""
+    overrides: dict[str, Any] = {**(extra_parameters or {}), "use_sim_time": use_sim_time, "autostart": autostart}
+    if checkpoint_path:
+        overrides["checkpoint_path"] = checkpoint_path
+    remappings = [
+        # Remapping examples: send trajectories straight to a ros2_control joint_trajectory_controller ...
+        ("~/trajectory", trajectory_topic),
+        # ... or take inputs from differently named topics:
+        # ("joint_states", "/franka/joint_states"),
+        # ("instruction", "/operator/instruction"),
+        # ("~/action_chunk", "/policy/action_chunk"),
+    ]
+    kwargs.setdefault("output", "screen")
+    kwargs.setdefault("emulate_tty", True)
+    return LifecycleNode(
+        package=PACKAGE,
+        executable=EXECUTABLE,
+        name=node_name,
+        namespace=namespace,
+        parameters=([config_file] if config_file else []) + [overrides],  # later entries win
+        remappings=remappings,
+        ros_arguments=["--log-level", log_level],
+        **kwargs,
+    )
+
+
+def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[LifecycleNode]:
+    def value(name: str) -> str:
+        return LaunchConfiguration(name).perform(context)
+
+    return [oxygen_node(
+        config_file=value("config_file") or None,
+        checkpoint_path=value("checkpoint_path"),
+        use_sim_time=_as_bool(value("use_sim_time")),
+        namespace=value("namespace"),
+        node_name=value("node_name"),
+        autostart=_as_bool(value("autostart")),
+        trajectory_topic=value("trajectory_topic"),
+        log_level=value("log_level"),
+    )]
+
+
+def generate_launch_description() -> LaunchDescription:
+    """Entry point of ``ros2 launch oxygen_ros oxygen.launch.py``."""
+    return LaunchDescription(
+        [DeclareLaunchArgument(name, default_value=default, description=description)
+         for name, default, description in ARGUMENTS]
+        + [OpaqueFunction(function=_launch_setup)]
+    )

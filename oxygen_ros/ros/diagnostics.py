@@ -1,0 +1,192 @@
+"""Health bookkeeping for the node and its ``/diagnostics`` message (diagnostic_updater is not used: it is not
+installable from PyPI; the DiagnosticArray is built here the same way).
+
+Counters are thread-safe: subscription callbacks count rejected inputs while the control thread counts frames.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+
+from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
+
+__all__ = ["Ema", "NodeStats", "ReasonCounter"]
+
+STAGES = ("prefill", "denoise", "decode", "manager", "frame")
+
+
+class ReasonCounter:
+    """Counts events per reason and logs each reason at most once per ``period_s`` (throttled per reason,
+    with the number of occurrences suppressed since the last message)."""
+
+    def __init__(self, log: Callable[[str], None] | None, what: str, period_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._log, self._what, self._period, self._clock = log, what, period_s, clock
+        self._lock = threading.Lock()
+        self._counts: dict[str, int] = {}
+        self._last_log: dict[str, float] = {}
+        self._suppressed: dict[str, int] = {}
+        self._recent: deque[tuple[float, str]] = deque(maxlen=64)
+
+    def add(self, reason: str, detail: str = "") -> None:
+        """Count one ``reason`` event; log it unless the same reason was logged within the period."""
+        now = self._clock()
+        with self._lock:
+            self._counts[reason] = self._counts.get(reason, 0) + 1
+            self._recent.append((now, reason))
+            last = self._last_log.get(reason)
+            if last is not None and now - last < self._period:
+                self._suppressed[reason] = self._suppressed.get(reason, 0) + 1
+                return
+            self._last_log[reason] = now
+            suppressed = self._suppressed.pop(reason, 0)
+        if self._log is not None:
+            more = f" (+{suppressed} more in the last {self._period:g} s)" if suppressed else ""
+            self._log(f"{self._what} [{reason}]{': ' + detail if detail else ''}{more}")
+
+    def snapshot(self) -> dict[str, int]:
+        """Counts per reason so far."""
+        with self._lock:
+            return dict(self._counts)
+
+    def get(self, reason: str) -> int:
+        with self._lock:
+            return self._counts.get(reason, 0)
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def latest(self, within_s: float) -> str | None:
+        """Most frequent reason of the last ``within_s`` seconds."""
+        now = self._clock()
+        with self._lock:
+            recent = [r for t, r in self._recent if now - t <= within_s]
+        return max(set(recent), key=recent.count) if recent else None
+
+
+class Ema:
+    """Exponential moving average (the first sample initialises it)."""
+
+    def __init__(self, alpha: float = 0.2) -> None:
+        self.alpha = alpha
+        self.value: float | None = None
+
+    def update(self, x: float) -> float:
+        self.value = x if self.value is None else (1 - self.alpha) * self.value + self.alpha * x
+        return self.value
+
+
+class NodeStats:
+    """Everything ``/diagnostics`` reports, fed by the node (rates on the monotonic clock)."""
+
+    def __init__(self, log: Callable[[str], None] | None = None, log_period_s: float = 5.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self.skipped = ReasonCounter(log, "skipping frame", log_period_s, clock)
+        self.rejected_inputs = ReasonCounter(log, "rejected input", log_period_s, clock)
+        self.errors = ReasonCounter(log, "error", log_period_s, clock)
+        self.stage_ms = {s: Ema() for s in STAGES}
+        self.latency_ms = Ema()
+        self.frames = 0
+        self.deadline_misses = 0
+        self.tokens = 0
+        self.language_outputs = 0
+        self.requests_rejected = 0
+        self.requests_dropped = 0
+        self.last_text = ""
+        self._frame_times: deque[float] = deque(maxlen=512)
+        self._token_times: deque[tuple[float, int]] = deque(maxlen=512)
+        self._reported = {"errors": 0, "misses": 0}
+
+    def record_frame(self, timings: Mapping[str, float], period_s: float, tokens: int, rejected: int,
+                     dropped: int, latency_s: float | None = None) -> None:
+        """One processed frame: stage times in seconds, frame deadline = ``period_s``."""
+        now = self._clock()
+        with self._lock:
+            self.frames += 1
+            self._frame_times.append(now)
+            for stage, ema in self.stage_ms.items():
+                if stage in timings:
+                    ema.update(timings[stage] * 1e3)
+            if timings.get("frame", 0.0) > period_s:
+                self.deadline_misses += 1
+            if latency_s is not None:
+                self.latency_ms.update(latency_s * 1e3)
+            self.tokens += tokens
+            self._token_times.append((now, tokens))
+            self.requests_rejected += rejected
+            self.requests_dropped += dropped
+
+    def record_language(self, text: str) -> None:
+        with self._lock:
+            self.language_outputs += 1
+            self.last_text = text
+
+    def frame_rate(self, window_s: float = 2.0) -> float:
+        """Processed frames per second over the last ``window_s`` seconds."""
+        now = self._clock()
+        with self._lock:
+            return sum(1 for t in self._frame_times if now - t <= window_s) / window_s
+
+    def token_rate(self, window_s: float = 2.0) -> float:
+        now = self._clock()
+        with self._lock:
+            return sum(n for t, n in self._token_times if now - t <= window_s) / window_s
+
+    def status(self, name: str, hardware_id: str, state: str, backlog: int, horizon: int,
+               extra: Mapping[str, object] | None = None) -> DiagnosticStatus:
+        """The DiagnosticStatus for this moment. Level: ERROR after new engine errors, WARN when active but
+        not producing frames or after new deadline misses, OK otherwise."""
+        rate, token_rate = self.frame_rate(), self.token_rate()
+        with self._lock:
+            values: dict[str, object] = {
+                "state": state,
+                "frames": self.frames,
+                "frame_rate_hz": f"{rate:.2f}",
+                "action_rate_hz": f"{rate * horizon:.1f}",
+                "tokens_per_s": f"{token_rate:.1f}",
+                "deadline_misses": self.deadline_misses,
+                "language_backlog": backlog,
+                "language_outputs": self.language_outputs,
+                "tokens_generated": self.tokens,
+                "requests_rejected": self.requests_rejected,
+                "requests_dropped": self.requests_dropped,
+                "errors": self.errors.total,
+                "latency_ms": _fmt(self.latency_ms.value),
+            }
+            for stage, ema in self.stage_ms.items():
+                values[f"{stage}_ms"] = _fmt(ema.value)
+            new_errors = self.errors.total - self._reported["errors"]
+            new_misses = self.deadline_misses - self._reported["misses"]
+            self._reported = {"errors": self.errors.total, "misses": self.deadline_misses}
+        values["skipped_frames"] = self.skipped.total
+        for reason, n in sorted(self.skipped.snapshot().items()):
+            values[f"skipped.{reason}"] = n
+        for reason, n in sorted(self.errors.snapshot().items()):
+            values[f"error.{reason}"] = n
+        values["rejected_inputs"] = self.rejected_inputs.total
+        for reason, n in sorted(self.rejected_inputs.snapshot().items()):
+            values[f"rejected.{reason}"] = n
+        values.update(extra or {})
+
+        level, message = DiagnosticStatus.OK, f"{state}, {rate:.1f} frames/s"
+        if new_errors:
+            level = DiagnosticStatus.ERROR
+            message = f"{new_errors} error(s) since the last report: {self.errors.latest(5.0)}"
+        elif state == "active" and rate == 0.0:
+            why = self.skipped.latest(2.0) or "waiting for the first frame"
+            level, message = DiagnosticStatus.WARN, f"active but no frames: {why}"
+        elif new_misses:
+            level, message = DiagnosticStatus.WARN, f"{rate:.1f} frames/s, {new_misses} deadline miss(es)"
+        return DiagnosticStatus(level=level, name=name, message=message, hardware_id=hardware_id,
+                                values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+
+
+def _fmt(x: float | None) -> str:
+    return "nan" if x is None else f"{x:.2f}"

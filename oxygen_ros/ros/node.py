@@ -1,0 +1,403 @@
+"""The oxygen_ros lifecycle node: cameras, joint states and an instruction in; action chunks (published the moment
+they are denoised) and language outputs out, one engine frame per control tick.
+
+    python -m oxygen_ros.ros.node --ros-args --params-file config/demo.yaml
+    ros2 run oxygen_ros oxygen_node --ros-args --params-file <config.yaml> -p checkpoint_path:=/path/to/ckpt
+
+Topics (node name ``oxygen``; all names are relative, so a namespace or remapping moves them):
+
+  in   <camera_topics>      sensor_msgs/Image or CompressedImage, QoS reliability = camera_reliability, depth 1
+  in   instruction          std_msgs/String
+  in   joint_states         sensor_msgs/JointState (joint_names picked by name)
+  out  ~/action_chunk       oxygen_ros/ActionChunk (stamp = observation time = newest camera stamp used)
+  out  ~/language_output    oxygen_ros/LanguageOutput (stamp = the originating frame's observation time)
+  out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller)
+  out  /diagnostics         diagnostic_msgs/DiagnosticArray, 1 Hz
+
+Threads: the control timer runs in its own mutually exclusive callback group; subscriptions run in a reentrant
+group, so a MultiThreadedExecutor keeps taking images while a frame is inferred. Stamps and image staleness use
+the node clock (``use_sim_time`` follows /clock during bag replay).
+"""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import rclpy
+import torch
+from diagnostic_msgs.msg import DiagnosticArray
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
+from rclpy.clock import Clock, ClockType
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.signals import SignalHandlerOptions
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.engine.engine import Engine
+from oxygen_ros.engine.requests import Frame, LanguageRequest
+from oxygen_ros.msg import ActionChunk, LanguageOutput
+
+from .diagnostics import NodeStats
+from .model_loader import LoadedModel, build_node_engine, load_model, warm_up
+from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
+from .params import PARAMS, NodeParams, validate
+from .publishers import ActionPostprocessor, language_output, make_action_chunk, make_trajectory
+
+__all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode", "main"]
+
+NODE_NAME = "oxygen"
+ACTION_TOPIC = "~/action_chunk"
+LANGUAGE_TOPIC = "~/language_output"
+TRAJECTORY_TOPIC = "~/trajectory"
+DIAGNOSTICS_TOPIC = "/diagnostics"
+# Overrides that rclpy or rcl handle themselves: not reported as unknown parameters.
+_BUILTIN_PARAMS = ("use_sim_time", "start_type_description_service")
+SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+
+
+class OxygenNode(LifecycleNode):
+    """pi0.5 VLA inference with a unified KV cache as a ROS 2 lifecycle node (see the module docstring).
+
+    ``on_configure`` validates the parameters, loads model, tokenizer and norm stats, builds the engine and runs a
+    warm-up frame; ``on_activate`` starts the control timer and enables the publishers; ``on_deactivate`` stops
+    the timer; ``on_cleanup`` releases the model. With ``autostart`` (default) the node configures and activates
+    itself once an executor spins it.
+    """
+
+    def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
+        super().__init__(node_name, **kwargs)
+        for spec in PARAMS:
+            default = list(spec.default) if isinstance(spec.default, list) else spec.default
+            self.declare_parameter(spec.name, default, ParameterDescriptor(
+                description=spec.description, additional_constraints=f"type: {spec.type_name}",
+                dynamic_typing=True))  # types are checked at configure, with clear errors
+        log = self.get_logger()
+        self.stats = NodeStats(log=log.warning)
+        self._input_group = ReentrantCallbackGroup()
+        self._control_group = MutuallyExclusiveCallbackGroup()
+        self._diag_group = MutuallyExclusiveCallbackGroup()
+        self._steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self._engine_lock = threading.Lock()
+        self._state = "unconfigured"
+        self._reset_runtime()
+        self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
+        self._diag_timer = self.create_timer(1.0, self._safe(self._publish_diagnostics), self._diag_group,
+                                             clock=self._steady)
+        autostart = self.get_parameter("autostart").value
+        self._autostart_timer = None
+        if autostart is not False:  # a wrongly typed value is reported by configure
+            self._autostart_timer = self.create_timer(0.01, self._autostart, clock=self._steady)
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    def _reset_runtime(self) -> None:
+        self.params: NodeParams | None = None
+        self._loaded: LoadedModel | None = None
+        self._engine: Engine | None = None
+        self._store: InputStore | None = None
+        self._builder: ObservationBuilder | None = None
+        self._post: ActionPostprocessor | None = None
+        self._input_subs: list = []
+        self._action_pub = self._language_pub = self._trajectory_pub = None
+        self._control_timer = None
+        self._processed = 0
+        self._request_cache: tuple[str, list[int]] | None = None
+
+    def _autostart(self) -> None:
+        if self._autostart_timer is not None:
+            self.destroy_timer(self._autostart_timer)
+            self._autostart_timer = None
+        if self.trigger_configure() != SUCCESS:
+            self.get_logger().error("autostart: configure failed; the node stays unconfigured (fix the parameters, "
+                                    "then call the configure transition)")
+            return
+        if self.trigger_activate() != SUCCESS:
+            self.get_logger().error("autostart: activate failed")
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        t0 = time.perf_counter()
+        try:
+            self._configure()
+        except Exception as e:  # every failure becomes a logged FAILURE, never a crash
+            self.get_logger().error(f"configure failed: {e}")
+            self._release()
+            return FAILURE
+        p, cfg = self.params, self._loaded.model.config
+        self.get_logger().info(
+            f"configured in {time.perf_counter() - t0:.1f} s: {self._loaded.source} on {self._loaded.model.device} "
+            f"({self._loaded.model.dtype}), mode={p.mode} S={p.num_steps} H={cfg.action_horizon} "
+            f"N={p.max_new_tokens} k={'auto' if p.k_auto else p.k}, cameras "
+            + ", ".join(f"{c}<-{p.camera_topic(i)}" for i, c in enumerate(p.camera_names)))
+        self._state = "inactive"
+        return super().on_configure(state)
+
+    def _configure(self) -> None:
+        values = {spec.name: self.get_parameter(spec.name).value for spec in PARAMS}
+        unknown = sorted(set(getattr(self, "_parameter_overrides", {})) - set(values) - set(_BUILTIN_PARAMS))
+        unknown = [u for u in unknown if not u.startswith("qos_overrides.")]
+        if unknown:
+            self.get_logger().warning(f"ignoring unknown parameter(s) {unknown} (typo?)")
+        p = validate(values)
+        if p.torch_threads:
+            torch.set_num_threads(p.torch_threads)
+        torch.manual_seed(p.seed)
+        self._loaded = loaded = load_model(p)
+        for note in loaded.notes:
+            self.get_logger().warning(note)
+        cfg = loaded.model.config
+        if not p.camera_names:
+            p = p.with_cameras(cfg.camera_names)
+        if len(p.joint_names) > cfg.action_dim:
+            raise ValueError(f"joint_names: {len(p.joint_names)} joints but the model state/action dim is "
+                             f"{cfg.action_dim}")
+        if len(p.robot_action_names) > cfg.action_dim:
+            raise ValueError(f"action_names: {len(p.robot_action_names)} dims but the model action dim is "
+                             f"{cfg.action_dim}")
+        self.params = p
+        self._store = InputStore(p.camera_names, cfg.vision.image_size, p.joint_names, self.stats.rejected_inputs,
+                                 p.max_image_pixels, p.max_instruction_chars, p.instruction)
+        self._builder = ObservationBuilder(self._store, cfg.camera_names, loaded.tokenizer, loaded.normalizer,
+                                           cfg.action_dim, p.max_image_age_s)
+        self._post = ActionPostprocessor(loaded.normalizer, len(p.robot_action_names), p.delta_action_mask)
+        self._engine = build_node_engine(p, loaded)
+        warm = warm_up(p, loaded)
+        if warm > p.period_s:
+            self.get_logger().warning(f"warm-up frame took {warm * 1e3:.0f} ms, longer than the control period "
+                                      f"{p.period_s * 1e3:.0f} ms: expect deadline misses")
+        self._create_io(p)
+
+    def _create_io(self, p: NodeParams) -> None:
+        reliability = ReliabilityPolicy.BEST_EFFORT if p.camera_reliability == "best_effort" \
+            else ReliabilityPolicy.RELIABLE
+        camera_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=reliability,
+                                durability=DurabilityPolicy.VOLATILE)
+        store = self._store
+        for i in range(len(p.camera_names)):
+            kind, handler = (CompressedImage, store.on_compressed) if p.compressed(i) else (Image, store.on_image)
+            cb = self._safe(lambda msg, i=i, handler=handler: handler(i, msg), "camera_callback")
+            self._input_subs.append(self.create_subscription(kind, p.camera_topic(i), cb, camera_qos,
+                                                                 callback_group=self._input_group))
+        joint_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches any publisher
+        instruction_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        self._input_subs.append(self.create_subscription(
+            JointState, "joint_states", self._safe(store.on_joint_state, "joint_state_callback"), joint_qos,
+            callback_group=self._input_group))
+        self._input_subs.append(self.create_subscription(
+            String, "instruction", self._safe(store.on_instruction, "instruction_callback"), instruction_qos,
+            callback_group=self._input_group))
+        self._action_pub = self.create_lifecycle_publisher(ActionChunk, ACTION_TOPIC, 10)
+        self._language_pub = self.create_lifecycle_publisher(LanguageOutput, LANGUAGE_TOPIC, 50)
+        if p.publish_trajectory:
+            self._trajectory_pub = self.create_lifecycle_publisher(JointTrajectory, TRAJECTORY_TOPIC, 10)
+        # node clock: follows /clock with use_sim_time; started by on_activate, cancelled by on_deactivate
+        self._control_timer = self.create_timer(p.period_s, self._safe(self._on_tick, "control_tick"),
+                                                self._control_group)
+        self._control_timer.cancel()
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._control_timer.reset()
+        self._state = "active"
+        self.get_logger().info(f"active: {self.params.control_rate_hz:g} Hz control, publishing "
+                               f"{self.resolve_topic_name(ACTION_TOPIC)}")
+        return super().on_activate(state)
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._control_timer.cancel()
+        self._state = "inactive"
+        self.get_logger().info("deactivated")
+        return super().on_deactivate(state)
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self.get_logger().info("cleaned up: model released")
+        return super().on_cleanup(state)
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self._release()
+        self._state = "finalized"
+        return super().on_shutdown(state)
+
+    def on_error(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.get_logger().error(f"error while in {state.label}: releasing everything")
+        self._release()
+        return SUCCESS
+
+    def _release(self) -> None:
+        """Stop the timer, wait for a running frame, then drop timer, subscriptions, publishers, engine and model."""
+        if self._control_timer is not None:
+            self._control_timer.cancel()
+        with self._engine_lock:
+            if self._control_timer is not None:
+                self.destroy_timer(self._control_timer)
+            for sub in self._input_subs:
+                self.destroy_subscription(sub)
+            for pub in (self._action_pub, self._language_pub, self._trajectory_pub):
+                if pub is not None:
+                    self.destroy_lifecycle_publisher(pub)
+            if self._loaded is not None:
+                self._loaded.release()
+            self._reset_runtime()
+            self._state = "unconfigured"
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def release(self) -> None:
+        """Release everything (for shutdown paths outside the lifecycle, e.g. SIGINT)."""
+        self._release()
+
+    def destroy_node(self) -> None:
+        """Release the model (and a generated model's temporary directory), then destroy the node."""
+        self._release()
+        super().destroy_node()
+
+    # ------------------------------------------------------------------------------------------ control frame
+    def _on_tick(self) -> None:
+        if not self._engine_lock.acquire(blocking=False):
+            return  # being released
+        try:
+            if self._engine is None or self._builder is None:
+                return
+            built = self._builder.build(self.get_clock().now().nanoseconds)
+            if isinstance(built, Skip):
+                self.stats.skipped.add(built.reason, built.detail)
+                return
+            self._run_frame(built)
+        finally:
+            self._engine_lock.release()
+
+    def _run_frame(self, built: BuiltObservation) -> None:
+        p = self.params
+        if built.prompt_truncated:
+            self.stats.rejected_inputs.add("prompt_truncated", "instruction + state exceed the model's "
+                                           "max_token_len; the prompt end is cut")
+        requests = []
+        if p.request_every_n_frames and self._processed % p.request_every_n_frames == 0:
+            requests.append(LanguageRequest(p.request_task, p.max_new_tokens, self._request_tokens(built.instruction)))
+        frame = Frame(built.observation, requests, stamp=built.stamp_ns)
+        latency: list[float] = []
+        try:
+            result = self._engine.step(frame, on_actions=lambda i, chunks: latency.append(
+                self._publish_actions(i, chunks, built)))
+        except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
+            if not self.context.ok():
+                return  # shutting down
+            self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
+            self.get_logger().debug(traceback.format_exc())
+            self._engine = build_node_engine(p, self._loaded)
+            return
+        self._processed += 1
+        self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
+                                result.dropped, latency[0] if latency else None)
+        for done in result.finished:
+            if done.dropped:
+                continue  # evicted by drop_oldest before finishing: counted, not published
+            self._language_pub.publish(language_output(done))
+            self.stats.record_language(done.text or "")
+
+    def _publish_actions(self, frame_index: int, chunks: list[torch.Tensor], built: BuiltObservation) -> float:
+        """Publish the main head's chunk (called by the engine before any language work); returns the latency."""
+        p = self.params
+        actions = self._post(chunks[0].detach().float().cpu().numpy(), built.state)
+        latency = time.monotonic() - built.received
+        dt = 1.0 / (p.action_rate_hz or actions.shape[0] * p.control_rate_hz)
+        self._action_pub.publish(make_action_chunk(actions, built.stamp_ns, frame_index, p.robot_action_names, dt,
+                                                   latency))
+        if self._trajectory_pub is not None:
+            self._trajectory_pub.publish(make_trajectory(actions, p.robot_action_names, dt))
+        return latency
+
+    def _request_tokens(self, instruction: str) -> list[int]:
+        """Prompt tokens of a language request (cached per instruction)."""
+        if self._request_cache is not None and self._request_cache[0] == instruction:
+            return self._request_cache[1]
+        p, tok = self.params, self._loaded.tokenizer
+        if p.request_prompt:
+            tokens = tok.encode(p.request_prompt.format(instruction=instruction))[: p.max_prompt_tokens]
+        else:
+            tokens = tok.tokenize_request(p.request_task, None, max_len=p.max_prompt_tokens)
+        self._request_cache = (instruction, tokens)
+        return tokens
+
+    # ------------------------------------------------------------------------------------------ diagnostics
+    def _publish_diagnostics(self) -> None:
+        engine, loaded = self._engine, self._loaded
+        horizon = loaded.model.config.action_horizon if loaded is not None else 0
+        p = self.params
+        extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
+        hardware = str(loaded.model.device) if loaded is not None else "none"
+        status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
+                                   engine.backlog if engine is not None else 0, horizon, extra)
+        msg = DiagnosticArray()
+        msg.header.stamp = self.get_clock().now().to_msg()
+        msg.status = [status]
+        self._diag_pub.publish(msg)
+
+    def _safe(self, fn: Callable[..., Any], what: str | None = None) -> Callable[..., None]:
+        """Wrap a callback so an unexpected exception is counted and logged instead of killing the executor."""
+        reason = what or getattr(fn, "__name__", "callback")
+
+        def wrapped(*args: Any) -> None:
+            try:
+                fn(*args)
+            except Exception as e:
+                if not self.context.ok():
+                    return  # shutting down
+                self.stats.errors.add(reason, f"{type(e).__name__}: {e}")
+                self.get_logger().debug(traceback.format_exc())
+
+        return wrapped
+
+
+def main(args: list[str] | None = None) -> int:
+    """Entry point of ``oxygen_node`` / ``python -m oxygen_ros.ros.node``; returns 0 on a clean shutdown.
+
+    SIGINT/SIGTERM are handled here rather than by rclpy (whose handler shuts the context down and destroys the
+    node while callbacks may still run): stop the executor, wait for the running frame, release, then shut down.
+    """
+    rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    executor = MultiThreadedExecutor(num_threads=4)
+    node = OxygenNode()
+    executor.add_node(node)
+    failure: list[BaseException] = []
+
+    def spin() -> None:
+        try:
+            executor.spin()
+        except ExternalShutdownException:
+            pass
+        except BaseException as e:  # reported below, after an orderly shutdown
+            failure.append(e)
+        finally:
+            stop.set()
+
+    spinner = threading.Thread(target=spin, name="executor", daemon=True)
+    spinner.start()
+    while not stop.wait(0.2):  # short waits: the signal handler runs in this thread
+        pass
+    executor.shutdown(timeout_sec=30.0)
+    spinner.join(timeout=5.0)
+    node.release()
+    node.destroy_node()
+    rclpy.try_shutdown()
+    if failure:
+        traceback.print_exception(failure[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,461 @@
+"""Bad input never kills the node: unit tests of the pure helpers (parameters, norm stats, observation building,
+lifecycle failures in-process), then a table of bad messages and hypothesis-fuzzed images sent over DDS to a
+running node process, which must count them and keep serving.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("rclpy", reason="rclpy is not installed")
+pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+import rclpy  # noqa: E402
+from builtin_interfaces.msg import Time  # noqa: E402
+from rclpy.context import Context  # noqa: E402
+from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
+from rclpy.parameter import Parameter  # noqa: E402
+from sensor_msgs.msg import CompressedImage, Image, JointState  # noqa: E402
+from std_msgs.msg import String  # noqa: E402
+
+from oxygen_ros.engine import get_config  # noqa: E402
+from oxygen_ros.engine.tokenizer import PromptTokenizer  # noqa: E402
+from oxygen_ros.ros.diagnostics import NodeStats, ReasonCounter  # noqa: E402
+from oxygen_ros.ros.harness import NodeProcess, Probe  # noqa: E402
+from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
+from oxygen_ros.ros.node import OxygenNode  # noqa: E402
+from oxygen_ros.ros.norm_stats import Normalizer, NormStatsError, load_norm_stats, pad_or_truncate  # noqa: E402
+from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
+from oxygen_ros.ros.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
+from oxygen_ros.ros.publishers import ActionPostprocessor, make_trajectory  # noqa: E402
+from oxygen_ros.tools.make_tokenizer import make_test_tokenizer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
+BASE = {"model": "random_tiny", "joint_names": JOINTS}
+DOMAIN = 20 + (os.getpid() * 7 + 3) % 100  # FastDDS accepts domain ids up to 232
+SEC = 1_000_000_000
+
+
+# ---------------------------------------------------------------------------------------------- parameters
+def test_defaults_need_a_model_and_joints() -> None:
+    with pytest.raises(ParamError) as e:
+        validate({})
+    assert {p.split(":")[0] for p in e.value.problems} == {"checkpoint_path", "joint_names"}
+    p = validate(BASE)
+    assert p.period_s == pytest.approx(0.1) and p.robot_action_names == tuple(JOINTS)
+
+
+@pytest.mark.parametrize("name, value", [
+    ("mode", "parallel_universe"), ("num_steps", 0), ("k", -1), ("k", 2.5), ("max_new_tokens", "30"),
+    ("control_rate_hz", 0.0), ("control_rate_hz", "fast"), ("max_image_age_s", -1.0), ("overflow", "explode"),
+    ("camera_reliability", "sometimes"), ("device", "tpu"), ("dtype", "float8"), ("model", "gpt5"),
+    ("camera_topics", ["/a"]), ("camera_compressed", [True]), ("camera_names", ["a", "a"]),
+    ("joint_names", []), ("joint_names", "joint_1"), ("request_task", "poetry"), ("request_prompt", "{task}"),
+    ("request_prompt", "{unclosed"), ("publish_trajectory", "yes"), ("action_rate_hz", -5.0),
+    ("delta_action_mask", [True] * 9), ("max_instruction_chars", 0), ("normalization", "zscore"),
+])
+def test_bad_parameters_are_reported_by_name(name: str, value) -> None:
+    with pytest.raises(ParamError) as e:
+        validate({**BASE, "camera_names": ["base_0_rgb", "left_wrist_0_rgb"], name: value})
+    assert any(p.startswith(f"{name}:") for p in e.value.problems), e.value.problems
+
+
+def test_parameter_types_are_coerced_where_unambiguous() -> None:
+    p = validate({**BASE, "control_rate_hz": 3, "k": 4.0, "camera_names": ("base_0_rgb",)})
+    assert p.control_rate_hz == 3.0 and isinstance(p.control_rate_hz, float) and p.k == 4
+    assert p.camera_topic(0) == "/cameras/base_0_rgb/image_raw"
+    p = validate({**BASE, "camera_names": ["a"], "camera_compressed": [True]})
+    assert p.camera_topic(0) == "/cameras/a/image_raw/compressed"
+    assert validate({**BASE, "request_task": "custom", "request_prompt": "Why {instruction}? "}).request_prompt
+
+
+@pytest.mark.parametrize("preset", sorted((REPO / "config").glob("*.yaml")), ids=lambda p: p.stem)
+def test_config_presets_are_valid(preset: Path) -> None:
+    params = yaml.safe_load(preset.read_text())["/**"]["ros__parameters"]
+    if not params.get("model"):
+        params["checkpoint_path"] = "/models/pi05"
+    p = validate(params)
+    assert not p.extra, f"unknown parameters in {preset.name}: {p.extra}"
+    if preset.stem == "humanoid":
+        assert (len(p.camera_names), p.max_new_tokens, p.k, p.control_rate_hz) == (3, 30, 5, 3.0)
+
+
+def test_parameter_table_lists_every_parameter() -> None:
+    table = markdown_table()
+    assert all(f"`{s.name}`" in table for s in PARAMS)
+
+
+# ---------------------------------------------------------------------------------------------- norm stats
+def write_stats(path: Path, dim: int = 8, top_key: bool = True) -> Path:
+    rng = np.random.default_rng(0)
+    q01 = -rng.uniform(0.5, 2, dim)
+    stats = {k: {"mean": np.zeros(dim).tolist(), "std": np.full(dim, 0.5).tolist(), "q01": q01.tolist(),
+                 "q99": (-q01 * 2).tolist()} for k in ("state", "actions")}
+    path.write_text(json.dumps({"norm_stats": stats} if top_key else stats))
+    return path
+
+
+@pytest.mark.parametrize("mode", ["quantile", "mean_std"])
+def test_norm_stats_round_trip(tmp_path: Path, mode: str) -> None:
+    norm = Normalizer(load_norm_stats(write_stats(tmp_path / "n.json")), mode)
+    x = np.random.default_rng(1).normal(size=(10, 8))
+    assert np.allclose(norm.unnormalize_state(norm.normalize_state(x)), x)
+    assert np.allclose(norm.unnormalize_actions(norm.normalize_actions(x)), x)
+
+
+def test_quantile_normalisation_matches_openpi(tmp_path: Path) -> None:
+    stats = load_norm_stats(write_stats(tmp_path / "n.json", top_key=False))
+    norm = Normalizer(stats, "quantile")
+    lo, hi = stats.state.q01, stats.state.q99
+    assert np.allclose(norm.normalize_state(lo), -1, atol=1e-5) and np.allclose(norm.normalize_state(hi), 1, atol=1e-5)
+    # shorter vectors use the first stats; model dims beyond the stats pass through
+    assert norm.normalize_state(lo[:3]).shape == (3,)
+    wide = np.zeros((2, 32))
+    out = norm.unnormalize_actions(wide)
+    assert np.allclose(out[:, 8:], 0) and np.allclose(out[:, :8], (lo + hi) / 2, atol=1e-5)
+    assert pad_or_truncate(np.ones(3), 5).tolist() == [1, 1, 1, 0, 0]
+    assert pad_or_truncate(np.ones((2, 6)), 4).shape == (2, 4)
+
+
+@pytest.mark.parametrize("content", [
+    "{", "[]", '{"norm_stats": {"state": {"mean": [1, 2]}}}', '{"state": {"mean": [1], "std": [1, 2]}}',
+    '{"state": {"mean": ["x"], "std": [1]}}', '{"actions": {"mean": [NaN], "std": [1]}}',
+])
+def test_bad_norm_stats_files_are_rejected(tmp_path: Path, content: str) -> None:
+    (tmp_path / "n.json").write_text(content)
+    with pytest.raises(NormStatsError):
+        load_norm_stats(tmp_path / "n.json")
+    with pytest.raises(NormStatsError):
+        load_norm_stats(tmp_path / "missing.json")
+
+
+def test_actions_postprocessing_adds_state_to_delta_dims() -> None:
+    post = ActionPostprocessor(Normalizer(None, "none"), action_dim=3, delta_mask=[True, False])
+    chunk = np.ones((4, 32), dtype=np.float32)
+    out = post(chunk, state=np.array([10.0, 20.0, 30.0]))
+    assert out.shape == (4, 3) and out[0].tolist() == [11.0, 1.0, 1.0]
+    traj = make_trajectory(out, ["a", "b", "c"], dt_s=0.05)
+    times = [p.time_from_start.nanosec for p in traj.points]
+    assert times[0] == 50_000_000 and times == sorted(set(times))
+
+
+# ---------------------------------------------------------------------------------------------- observations
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory) -> PromptTokenizer:
+    path = make_test_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=512)
+    return PromptTokenizer(path, max_token_len=128)
+
+
+CFG = get_config("tiny", None, camera_names=("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"))
+CAMS = ("base_0_rgb", "left_wrist_0_rgb")
+
+
+def make_store(**kw) -> InputStore:
+    return InputStore(CAMS, CFG.vision.image_size, JOINTS, ReasonCounter(None, "rejected"), **kw)
+
+
+def image(stamp_ns: int, h: int = 40, w: int = 60, encoding: str = "rgb8") -> Image:
+    msg = array_to_image_msg(np.full((h, w, 3), 100, np.uint8), stamp_ns)
+    msg.encoding = encoding
+    return msg
+
+
+def joints(names=JOINTS, positions=None) -> JointState:
+    return JointState(name=list(names), position=[0.1] * len(names) if positions is None else list(positions))
+
+
+def feed(store: InputStore, stamp_ns: int = 10 * SEC) -> None:
+    for i in range(len(CAMS)):
+        assert store.on_image(i, image(stamp_ns))
+    assert store.on_joint_state(joints())
+    assert store.on_instruction(String(data="put the red block on the blue plate"))
+
+
+def builder(store: InputStore, tokenizer: PromptTokenizer) -> ObservationBuilder:
+    return ObservationBuilder(store, CFG.camera_names, tokenizer, Normalizer(None, "none"), CFG.action_dim, 0.5)
+
+
+def test_observation_is_built_from_the_newest_inputs(tokenizer) -> None:
+    store = make_store()
+    feed(store)
+    store.on_image(1, image(10 * SEC + 50_000_000))
+    built = builder(store, tokenizer).build(10 * SEC + 100_000_000)
+    assert not isinstance(built, Skip), built
+    obs = built.observation
+    obs.validate(CFG.num_cameras, CFG.vision.image_size)
+    assert obs.image_masks.tolist() == [[True, True, False]], "unconfigured slots are masked out"
+    assert built.stamp_ns == 10 * SEC + 50_000_000, "observation time = newest camera stamp"
+    assert "put the red block" in tokenizer.decode(obs.tokens[0].tolist())
+    assert obs.token_mask.all() and obs.state.shape == (1, CFG.action_dim)
+
+
+@pytest.mark.parametrize("case, reason", [
+    ("no_images", "missing_camera"), ("one_camera", "missing_camera"), ("stale", "stale_camera"),
+    ("future", "stale_camera"), ("no_state", "no_state"), ("partial_state", "no_state"),
+    ("nan_state", "invalid_state"), ("no_instruction", "no_instruction"),
+])
+def test_frames_are_skipped_with_a_reason(tokenizer, case: str, reason: str) -> None:
+    store, now = make_store(), 10 * SEC
+    if case != "no_images":
+        store.on_image(0, image(now))
+        if case != "one_camera":
+            store.on_image(1, image(now - 2 * SEC if case == "stale" else now + 2 * SEC if case == "future" else now))
+    if case == "partial_state":
+        store.on_joint_state(joints(JOINTS[:3]))
+    elif case == "nan_state":
+        store.on_joint_state(joints(positions=[0.0] * 7 + [float("nan")]))
+    elif case != "no_state":
+        store.on_joint_state(joints())
+    if case != "no_instruction":
+        store.on_instruction(String(data="go"))
+    built = builder(store, tokenizer).build(now)
+    assert isinstance(built, Skip) and built.reason == reason, built
+
+
+def test_partial_joint_states_are_merged(tokenizer) -> None:
+    store = make_store(instruction="go")
+    for i in range(2):
+        store.on_image(i, image(SEC))
+    assert store.on_joint_state(joints(JOINTS[:4], [1.0] * 4))
+    assert store.on_joint_state(joints(["other_robot_joint"] + JOINTS[4:], [9.0] + [2.0] * 4))
+    built = builder(store, tokenizer).build(SEC)
+    assert not isinstance(built, Skip) and built.state.tolist() == [1.0] * 4 + [2.0] * 4
+
+
+def bad_image(kind: str) -> Image:
+    msg = image(SEC)
+    if kind == "encoding":
+        msg.encoding = "yuv422_exotic"
+    elif kind == "zero":
+        msg.width = 0
+    elif kind == "huge":
+        msg.height = msg.width = 2**31 - 1
+    elif kind == "truncated":
+        msg.data = array.array("B", bytes(10))
+    elif kind == "step":
+        msg.step = 3
+    return msg
+
+
+def test_bad_inputs_are_rejected_and_counted() -> None:
+    store = make_store(max_image_pixels=100_000, max_instruction_chars=50)
+    cases = [
+        (store.on_image, bad_image("encoding"), "image_bad_encoding"),
+        (store.on_image, bad_image("zero"), "image_zero_size"),
+        (store.on_image, bad_image("huge"), "image_too_large"),
+        (store.on_image, bad_image("truncated"), "image_bad_data"),
+        (store.on_image, bad_image("step"), "image_bad_data"),
+        (store.on_compressed, CompressedImage(format="jpeg"), "image_empty"),
+        (store.on_compressed, CompressedImage(format="jpeg", data=b"\xff\xd8 not a jpeg"), "image_undecodable"),
+        (store.on_joint_state, JointState(name=["a", "b"], position=[1.0]), "joint_state_malformed"),
+        (store.on_joint_state, joints(["x", "y"]), "joint_state_unknown_joints"),
+        (store.on_joint_state, joints(positions=[float("inf")] * 8), "state_not_finite"),
+        (store.on_instruction, String(data="   "), "instruction_empty"),
+    ]
+    for handler, msg, reason in cases:
+        args = (msg,) if handler in (store.on_joint_state, store.on_instruction) else (0, msg)
+        assert handler(*args) is False, reason
+        assert store.rejected.get(reason) >= 1, (reason, store.rejected.snapshot())
+    assert store.on_instruction(String(data="x" * 100_000)), "long instructions are truncated, not dropped"
+    assert store.rejected.get("instruction_truncated") == 1 and len(store.snapshot()[3]) == 50
+    assert store.snapshot()[0] == [None, None], "no bad image was stored"
+
+
+@settings(max_examples=150, deadline=None)
+@given(height=st.integers(-3, 5000), width=st.integers(-3, 5000), step=st.integers(-10, 20000),
+       encoding=st.sampled_from(["rgb8", "bgr8", "mono8", "mono16", "rgba8", "", "jpeg", "32FC1", "rgb8\x00"]),
+       data=st.binary(max_size=2048), bigendian=st.booleans())
+def test_fuzzed_images_never_raise(height, width, step, encoding, data, bigendian) -> None:
+    store = make_store(max_image_pixels=5000 * 5000)
+    msg = Image(encoding=encoding, is_bigendian=int(bigendian))
+    msg.height, msg.width, msg.step = max(height, 0), max(width, 0), max(step, 0)
+    msg.data = array.array("B", data)
+    accepted = store.on_image(0, msg)
+    assert accepted == (store.snapshot()[0][0] is not None)
+    assert accepted or store.rejected.total == 1
+
+
+def test_diagnostics_status_reports_counts() -> None:
+    stats = NodeStats()
+    stats.rejected_inputs.add("image_bad_data")
+    stats.skipped.add("stale_camera")
+    stats.record_frame({"frame": 0.2, "prefill": 0.05}, period_s=0.1, tokens=3, rejected=1, dropped=0)
+    status = stats.status("oxygen: inference", "cpu", "active", backlog=2, horizon=10)
+    values = {kv.key: kv.value for kv in status.values}
+    assert values["rejected.image_bad_data"] == "1" and values["skipped.stale_camera"] == "1"
+    assert values["deadline_misses"] == "1" and values["language_backlog"] == "2"
+    assert values["requests_rejected"] == "1" and float(values["prefill_ms"]) == pytest.approx(50.0)
+
+
+# ---------------------------------------------------------------------------------------------- lifecycle
+@pytest.fixture
+def context():
+    threads = torch.get_num_threads()  # the node sets torch_threads; give the rest of the session its value back
+    ctx = Context()
+    rclpy.init(context=ctx, domain_id=DOMAIN)
+    yield ctx
+    rclpy.try_shutdown(context=ctx)
+    torch.set_num_threads(threads)
+
+
+def make_node(context, **params) -> OxygenNode:
+    """An in-process node (no executor: transitions and ticks are called directly)."""
+    values = {"autostart": False, "model": "random_tiny", "device": "cpu", "torch_threads": 1, "joint_names": JOINTS,
+              **params}
+    return OxygenNode(context=context, parameter_overrides=[Parameter(k, value=v) for k, v in values.items()])
+
+
+def test_configure_fails_cleanly_on_bad_parameters_then_recovers(context) -> None:
+    node = make_node(context, mode="bogus", camera_topics=["/only_one"], camera_names=["base_0_rgb", "x"])
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.params is None and node._engine is None
+        node.set_parameters([Parameter("mode", value="oxygen"), Parameter("camera_topics", value=["/a", "/b"]),
+                             Parameter("camera_names", value=["base_0_rgb", "left_wrist_0_rgb"])])
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+        assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
+        assert node._loaded is None and node._engine is None
+    finally:
+        node.destroy_node()
+
+
+def test_configure_fails_for_missing_checkpoint_and_unknown_camera(context, tmp_path: Path) -> None:
+    node = make_node(context, model="", checkpoint_path=str(tmp_path / "nothing"))
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        node.set_parameters([Parameter("model", value="random_tiny"),
+                             Parameter("camera_names", value=["base_0_rgb", "no_such_camera_slot"])])
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        node.set_parameters([Parameter("camera_names", value=["base_0_rgb"])])
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    finally:
+        node.destroy_node()
+
+
+def test_engine_exception_is_counted_and_the_node_keeps_going(context, tokenizer) -> None:
+    node = make_node(context, camera_names=list(CAMS), max_image_age_s=1e9)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        node.trigger_activate()
+        feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
+        node._on_tick()
+        assert node.stats.frames == 1
+        node._engine.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA fell over"))
+        node._on_tick()  # must not raise
+        assert node.stats.errors.get("RuntimeError") == 1
+        node._on_tick()  # a fresh engine serves the next frame
+        assert node.stats.frames == 2
+        node.trigger_deactivate()
+        node.trigger_cleanup()
+    finally:
+        node.destroy_node()
+
+
+# ---------------------------------------------------------------------------------------------- over DDS
+CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"),
+           ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw/compressed")]
+
+
+@pytest.fixture(scope="module")
+def node_and_probe():
+    proc = NodeProcess(REPO / "config" / "demo.yaml", {
+        "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 2, "max_image_pixels": 1_000_000,
+        "max_instruction_chars": 500, "camera_topics": [t for _, t in CAMERAS], "camera_compressed": [False, True],
+    }, domain_id=DOMAIN + 100).start()
+    probe = Probe(CAMERAS, JOINTS, image_size=48, domain_id=DOMAIN + 100, compressed=["left_wrist_0_rgb"],
+                  name="fuzz_probe")
+    try:
+        assert probe.wait_for_subscribers(30), proc.output()
+        yield proc, probe
+    finally:
+        probe.close()
+        proc.stop(signal.SIGKILL if proc.alive else signal.SIGINT, timeout=5)
+
+
+def send(probe: Probe, msg, topic: str = "base_0_rgb", times: int = 2) -> None:
+    pub = {"joints": probe.joint_pub, "instruction": probe.instruction_pub}.get(topic) or probe.camera_pubs[topic]
+    for _ in range(times):
+        pub.publish(msg)
+        time.sleep(0.04)
+
+
+BAD_MESSAGES = [
+    ("image_bad_encoding", lambda now: bad_image("encoding"), "base_0_rgb"),
+    ("image_zero_size", lambda now: bad_image("zero"), "base_0_rgb"),
+    ("image_too_large", lambda now: bad_image("huge"), "base_0_rgb"),
+    ("image_bad_data", lambda now: bad_image("truncated"), "base_0_rgb"),
+    ("image_empty", lambda now: CompressedImage(format="jpeg"), "left_wrist_0_rgb"),
+    ("image_undecodable", lambda now: CompressedImage(format="jpeg", data=b"\xff\xd8garbage"), "left_wrist_0_rgb"),
+    ("joint_state_malformed", lambda now: JointState(name=JOINTS, position=[0.0]), "joints"),
+    ("joint_state_unknown_joints", lambda now: joints(["wheel_left", "wheel_right"]), "joints"),
+    ("state_not_finite", lambda now: joints(positions=[float("nan")] * 8), "joints"),
+    ("instruction_truncated", lambda now: String(data="pick " * 20_000), "instruction"),
+    ("instruction_empty", lambda now: String(data=""), "instruction"),
+]
+
+
+def test_running_node_survives_a_table_of_bad_messages(node_and_probe) -> None:
+    proc, probe = node_and_probe
+    probe.start_stream(10.0)
+    probe.publish_instruction("put the red block on the blue plate")
+    assert probe.wait_for(lambda: len(probe.chunks()) >= 2, 10), proc.output()
+    probe.stop_stream()
+    time.sleep(0.2)
+    for _, make, topic in BAD_MESSAGES:
+        send(probe, make(probe.now_ns()), topic)
+    # NaN state is the newest joint state: frames are skipped, no action from it
+    assert probe.wait_for(lambda: probe.diagnostic_count("skipped.invalid_state") > 0
+                          or probe.diagnostic_count("skipped.stale_camera") > 0, 3)
+    assert proc.alive, proc.output()
+
+    def missing() -> list[str]:
+        return [r for r, _, _ in BAD_MESSAGES if probe.diagnostic_count(f"rejected.{r}") < 1]
+
+    assert probe.wait_for(lambda: not missing(), 5), (missing(), probe.diagnostics())
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(height=st.integers(0, 300), width=st.integers(0, 300), encoding=st.sampled_from(["rgb8", "mono16", "bgra8",
+       "bayer_rggb8", "", "8UC3"]), data=st.binary(max_size=4096), sec=st.integers(0, 2**31 - 1))
+def test_running_node_survives_fuzzed_images(node_and_probe, height, width, encoding, data, sec) -> None:
+    proc, probe = node_and_probe
+    msg = Image(height=height, width=width, encoding=encoding, step=width * 3)
+    msg.header.stamp = Time(sec=sec)
+    msg.data = array.array("B", data)
+    probe.camera_pubs["base_0_rgb"].publish(msg)
+    time.sleep(0.01)
+    assert proc.alive
+
+
+def test_node_serves_again_after_good_input_resumes(node_and_probe) -> None:
+    proc, probe = node_and_probe
+    time.sleep(0.3)
+    assert proc.alive, proc.output()
+    probe.start_stream(10.0)
+    probe.publish_instruction("put the red block on the blue plate")
+    t0 = time.monotonic()
+    assert probe.wait_for(lambda: len(probe.chunks(since=t0)) >= 3, 8), (probe.diagnostics(), proc.output()[-3000:])
+    assert probe.wait_for(lambda: probe.diagnostic_count("rejected_inputs") >= len(BAD_MESSAGES), 3)
+    d = probe.diagnostics()
+    assert d["errors"] == "0", d
+    probe.stop_stream()
+    assert proc.stop(signal.SIGINT, timeout=10) == 0
+    assert "Traceback" not in proc.output()
+

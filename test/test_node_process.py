@@ -1,0 +1,217 @@
+"""The node as a separate process over real DDS: rates, shapes, stamps, trajectories, stale cameras, lifecycle,
+SIGINT, and a rosbag replay driving it with use_sim_time.
+
+One node process serves the first group of tests (they run in file order and share it); the replay test starts
+its own. Each process uses its own ROS domain and discovers on localhost only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy", reason="rclpy is not installed")
+pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+from lifecycle_msgs.msg import Transition  # noqa: E402
+from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
+
+from oxygen_ros.ros.harness import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO_CONFIG = REPO / "config" / "demo.yaml"
+CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
+JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
+INSTRUCTION = "put the red block on the blue plate"
+RATE_HZ = 5.0
+HORIZON = 10  # random_tiny's action horizon
+N_TOKENS = 6
+TRAJECTORY_TOPIC = "/test_arm_controller/joint_trajectory"
+DOMAIN = 20 + (os.getpid() * 7 + 1) % 100  # FastDDS accepts domain ids up to 232
+
+
+@pytest.fixture(scope="module")
+def node():
+    proc = NodeProcess(DEMO_CONFIG, {
+        "control_rate_hz": RATE_HZ, "publish_trajectory": True, "max_new_tokens": N_TOKENS, "k": 3,
+        "request_every_n_frames": 2, "max_image_age_s": 0.5,
+    }, remaps={"~/trajectory": TRAJECTORY_TOPIC}, domain_id=DOMAIN).start()
+    yield proc
+    proc.stop(signal.SIGKILL if proc.alive else signal.SIGINT, timeout=5)
+
+
+@pytest.fixture(scope="module")
+def probe(node):
+    p = Probe(CAMERAS, JOINTS, image_size=48, trajectory_topic=TRAJECTORY_TOPIC, domain_id=DOMAIN)
+    assert p.wait_for_subscribers(30), f"the node never subscribed to the cameras:\n{node.output()}"
+    yield p
+    p.close()
+
+
+def start_feeding(probe: Probe) -> None:
+    probe.start_stream(10.0)
+    probe.publish_instruction(INSTRUCTION)
+
+
+def test_missing_cameras_give_no_chunk_and_a_diagnostic(node, probe) -> None:
+    assert probe.wait_for(lambda: probe.diagnostic_count("skipped.missing_camera") > 0, 8), probe.diagnostics()
+    assert probe.chunks() == []
+    assert probe.diagnostics()["state"] == "active"
+
+
+def test_action_chunks_at_the_control_rate(node, probe) -> None:
+    start_feeding(probe)
+    assert probe.wait_for(lambda: len(probe.chunks()) >= 3, 10), node.output()
+    t0 = time.monotonic()
+    time.sleep(3.0)
+    chunks = probe.chunks(since=t0)
+    assert 0.7 * RATE_HZ * 3 <= len(chunks) <= 1.1 * RATE_HZ * 3 + 1, len(chunks)
+    sent = probe.stamps_sent()
+    indices = [c.frame_index for c in chunks]
+    assert indices == sorted(indices) and len(set(indices)) == len(indices)
+    for c in chunks:
+        assert (c.horizon, c.action_dim) == (HORIZON, len(JOINTS))
+        assert list(c.joint_names) == JOINTS
+        assert len(c.actions) == HORIZON * len(JOINTS)
+        assert np.all(np.isfinite(chunk_array(c)))
+        assert header_ns(c) in sent, "chunk stamp is not one of the published camera stamps"
+        assert c.dt.sec == 0 and c.dt.nanosec == pytest.approx(1e9 / (HORIZON * RATE_HZ), abs=1)
+        assert 0 < c.inference_latency.sec * 1e9 + c.inference_latency.nanosec < 2e9
+
+
+def test_language_outputs_carry_their_origin_frame_stamp(node, probe) -> None:
+    assert probe.wait_for(lambda: len(probe.language()) >= 3, 10), node.output()
+    chunks = {c.frame_index: header_ns(c) for c in probe.chunks()}
+    outputs = probe.language()
+    ids = [o.request_id for o in outputs]
+    assert len(set(ids)) == len(ids)
+    for out in outputs:
+        assert out.frame_index % 2 == 0, "a request starts every 2nd frame"
+        assert header_ns(out) == chunks[out.frame_index], "language stamp != its origin frame's observation stamp"
+        assert out.task == "narration"
+        assert 1 <= out.num_tokens <= N_TOKENS and (out.eos or out.num_tokens == N_TOKENS)
+        assert isinstance(out.text, str)
+
+
+def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
+    assert probe.wait_for(lambda: len(probe.trajectories()) >= 2, 5)
+    chunks = [chunk_array(c) for c in probe.chunks()]
+    for traj in probe.trajectories():
+        assert list(traj.joint_names) == JOINTS
+        assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == (0, 0), "0 = start on receipt"
+        times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
+        assert len(times) == HORIZON and times[0] > 0 and all(b > a for a, b in zip(times, times[1:], strict=False))
+        positions = np.array([p.positions for p in traj.points], dtype=np.float32)
+        assert any(np.allclose(positions, c, atol=1e-5) for c in chunks), "trajectory does not match any chunk"
+
+
+def test_stale_camera_stops_chunks_and_is_counted(node, probe) -> None:
+    before = probe.diagnostic_count("skipped.stale_camera")
+    probe.set_stream_cameras(["base_0_rgb"])  # the wrist camera goes silent
+    time.sleep(0.5 + 2 / RATE_HZ + 0.3)  # max_image_age_s + two ticks + delivery
+    t0 = time.monotonic()
+    time.sleep(1.5)
+    assert probe.chunks(since=t0) == [], "a chunk was computed from a stale camera"
+    assert probe.wait_for(lambda: probe.diagnostic_count("skipped.stale_camera") > before, 3)
+    probe.set_stream_cameras(None)
+    t1 = time.monotonic()
+    assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5), "chunks did not resume"
+
+
+def _call(probe: Probe, client, request, timeout: float = 5.0):
+    assert client.wait_for_service(timeout_sec=timeout)
+    future = client.call_async(request)
+    assert probe.wait_for(future.done, timeout)
+    return future.result()
+
+
+def test_lifecycle_deactivate_and_activate(node, probe) -> None:
+    change = probe.node.create_client(ChangeState, "/oxygen/change_state")
+    get = probe.node.create_client(GetState, "/oxygen/get_state")
+    try:
+        assert _call(probe, get, GetState.Request()).current_state.label == "active"
+        req = ChangeState.Request()
+        req.transition.id = Transition.TRANSITION_DEACTIVATE
+        assert _call(probe, change, req).success
+        time.sleep(2 / RATE_HZ)
+        t0 = time.monotonic()
+        time.sleep(1.0)
+        assert probe.chunks(since=t0) == [], "an inactive node published"
+        assert _call(probe, get, GetState.Request()).current_state.label == "inactive"
+        req.transition.id = Transition.TRANSITION_ACTIVATE
+        assert _call(probe, change, req).success
+        t1 = time.monotonic()
+        assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5)
+    finally:
+        probe.node.destroy_client(change)
+        probe.node.destroy_client(get)
+
+
+def test_sigint_stops_the_node_cleanly(node, probe) -> None:
+    assert node.alive
+    t0 = time.monotonic()
+    assert node.stop(signal.SIGINT, timeout=10) == 0, node.output()
+    assert time.monotonic() - t0 < 10
+    out = node.output()
+    assert "Traceback" not in out and "error" not in probe.diagnostics().get("state", ""), out
+    assert probe.diagnostic_count("errors") == 0, probe.diagnostics()
+
+
+# ---------------------------------------------------------------------------------------------- bag replay
+def test_bag_replay_drives_the_node_with_sim_time(tmp_path) -> None:
+    make_demo_bag = pytest.importorskip("oxygen_ros.tools.make_demo_bag")
+    replay_bag = pytest.importorskip("oxygen_ros.tools.replay_bag")
+    bag = make_demo_bag.make_demo_bag(tmp_path / "bag", duration_s=4.0, rate_hz=10.0,
+                                      cameras=[c for c, _ in CAMERAS], size=48, joint_names=JOINTS,
+                                      progress=False)
+    start = make_demo_bag.START_TIME_NS
+    bag_stamps = {start + k * 100_000_000 for k in range(40)}
+    domain = DOMAIN + 100
+    proc = NodeProcess(DEMO_CONFIG, {"use_sim_time": True, "control_rate_hz": RATE_HZ, "max_new_tokens": 4,
+                                     "k": 2, "max_image_age_s": 0.5}, domain_id=domain).start()
+    probe = Probe(CAMERAS, JOINTS, domain_id=domain, name="replay_probe")
+    try:
+        assert probe.wait_for_subscribers(30), proc.output()
+        with replay_bag.BagReplayer(bag, clock=True, context=probe.context, wait_for_subscribers=5.0) as player:
+            stats = player.run(max_duration=15.0)
+        assert not stats.interrupted and stats.clock_published > 0
+        assert probe.wait_for(lambda: len(probe.language()) >= 2, 3)
+        chunks = probe.chunks()
+        # 4 s of bag time at 5 Hz; startup and the first ticks without a complete input set cost a few frames
+        assert len(chunks) >= 8, (len(chunks), proc.output())
+        # the bag is years in the past: chunks exist only because the node's clock follows /clock
+        assert all(header_ns(c) in bag_stamps for c in chunks), [header_ns(c) - start for c in chunks]
+        by_frame = {c.frame_index: header_ns(c) for c in chunks}
+        for out in probe.language():
+            assert header_ns(out) == by_frame[out.frame_index]
+        assert proc.stop(signal.SIGINT, timeout=10) == 0
+    finally:
+        probe.close()
+        proc.stop(signal.SIGKILL if proc.alive else signal.SIGINT, timeout=5)
+
+
+# ---------------------------------------------------------------------------------------------- demo
+def test_demo_runs_and_summarises() -> None:
+    import io
+
+    from rich.console import Console
+
+    from oxygen_ros.ros.demo import print_summary, run_demo
+
+    console = Console(file=io.StringIO(), width=120)
+    summary = run_demo(duration=4.0, domain_id=DOMAIN + 50, image_size=96, console=console)
+    assert summary.node_exit_code == 0, console.file.getvalue()
+    # config/demo.yaml runs at 10 Hz; the bounds leave room for a busy machine
+    assert summary.frames >= 8 and summary.language_outputs >= 3, console.file.getvalue()
+    assert 3.0 <= summary.frame_hz <= 12.0 and summary.action_hz == pytest.approx(summary.frame_hz * HORIZON)
+    print_summary(summary, console)
+    assert "frames (action chunks)" in console.file.getvalue()
