@@ -208,3 +208,14 @@ def test_message_definitions(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(ev, "find_msg_dir", lambda: None)
     ts, source = ev.oxygen_typestore()
     assert source == "embedded" and {ev.ACTION_TYPE, ev.LANGUAGE_TYPE} <= set(ts.types)
+
+
+def test_output_topics_are_the_nodes() -> None:
+    """The output bag uses the topics the node publishes on (``~/...`` under the node name)."""
+    node = pytest.importorskip("oxygen_ros.ros.node", reason="rclpy is not installed")
+
+    def resolved(private_topic: str) -> str:
+        return f"/{node.NODE_NAME}/{private_topic.removeprefix('~/')}"
+
+    assert resolved(node.ACTION_TOPIC) == ev.ACTION_TOPIC
+    assert resolved(node.LANGUAGE_TOPIC) == ev.LANGUAGE_TOPIC

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.engine import Pi05Model, get_config
-from oxygen_ros.engine.checkpoint import init_random_weights, load_checkpoint, read_config, save_checkpoint
+from oxygen_ros.engine import Pi05Model
+from oxygen_ros.engine.checkpoint import load_checkpoint, read_config
 from oxygen_ros.engine.config import CAMERA_SLOTS
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.observation import Observation
@@ -48,8 +48,10 @@ def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     """'auto' -> cuda when available; dtype 'auto' -> bfloat16 on cuda, float32 elsewhere.
 
     Raises:
-        ValueError: a CUDA/MPS device that is not available.
+        ValueError: an unknown dtype, or a CUDA/MPS device that is not available.
     """
+    if dtype != "auto" and dtype not in _DTYPES:
+        raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -69,7 +71,7 @@ def _generate_random_tiny(p: NodeParams) -> Path:
     """A tiny random pi0.5 (+ matching test tokenizer) in a fresh temporary directory, shaped by the parameters
     (cameras, horizon, enough action dims for the robot). Weights use a wide init (std 0.3) so generated text
     varies instead of repeating one token."""
-    from oxygen_ros.tools.make_tokenizer import make_test_tokenizer
+    from oxygen_ros.tools.make_checkpoint import make_random_checkpoint
 
     out = Path(tempfile.mkdtemp(prefix="oxygen_random_tiny_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)  # also when the process ends without a cleanup
@@ -78,12 +80,7 @@ def _generate_random_tiny(p: NodeParams) -> Path:
                  "action_dim": max(8, len(p.joint_names), len(p.robot_action_names))}
     if p.action_horizon:
         overrides["action_horizon"] = p.action_horizon
-    cfg = get_config("tiny", None, **overrides)
-    with torch.device("cpu"):
-        model = init_random_weights(Pi05Model(cfg), seed=p.seed, std=0.3)
-    save_checkpoint(model, out)
-    make_test_tokenizer(out, vocab_size=cfg.vocab_size)
-    return out
+    return make_random_checkpoint(out, "tiny", preset=None, seed=p.seed, tokenizer=True, std=0.3, **overrides)
 
 
 def load_model(p: NodeParams) -> LoadedModel:

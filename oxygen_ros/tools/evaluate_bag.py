@@ -2,26 +2,32 @@
 
     python -m oxygen_ros.tools.evaluate_bag /tmp/demo_bag --checkpoint /tmp/ckpt --out /tmp/eval --mode oxygen
 
-A virtual clock steps through the bag time at ``rate_hz``. Messages are fed in bag order up to each tick and,
-as in the node, validated and decoded on arrival (a bad one is counted and ignored; the previous valid value
-stays): camera images (``sensor_msgs/Image`` or ``CompressedImage``), the instruction (``std_msgs/String``) and
-the joint states (``sensor_msgs/JointState``, joints picked by name). A tick whose inputs are missing, stale (a
-camera header stamp more than ``max_image_age_s`` from the tick) or invalid is skipped and counted with its
-reason. Otherwise one engine frame runs, with a language request every ``request_every`` frames and flow-matching
+A virtual clock steps through the bag time at ``rate_hz``. The node's own code decides what the model sees and
+what is published: messages are fed in bag order up to each tick into the node's
+:class:`~oxygen_ros.ros.observation_builder.InputStore` (clocked by the bag time), which validates and decodes
+each on arrival (a bad one is counted and ignored; the previous valid value stays): camera images
+(``sensor_msgs/Image`` or ``CompressedImage``), the instruction (``std_msgs/String``) and the joint states
+(``sensor_msgs/JointState``, joints picked by name). At each tick the node's
+:class:`~oxygen_ros.ros.observation_builder.ObservationBuilder` builds the observation, or skips the tick with a
+reason when inputs are missing, stale (a camera header stamp more than ``max_image_age_s`` from the tick) or
+invalid. Otherwise one engine frame runs, with a language request every ``request_every`` frames and flow-matching
 noise drawn from a ``torch.Generator`` seeded with ``seed + frame_index``, so the action chunks and texts depend on
 the bag and the arguments only (timings are measured but never feed back into the outputs, unless ``k="auto"``;
 bit-exact digests also need the same device, dtype and torch thread count, which the report records).
 
 Written into ``out``: ``report.json`` (configuration, per-frame stage timings, action frequency, language
 throughput, request latencies, skipped ticks, a sha256 digest of all chunks and texts), PNG plots, and
-``out_bag/``: a rosbag2 with ``/oxygen/action_chunk`` (oxygen_ros/msg/ActionChunk) and ``/oxygen/language``
-(oxygen_ros/msg/LanguageOutput), header-stamped with the originating observation time (the newest camera stamp
-used, as the node stamps them) and logged at the tick that produced them.
+``out_bag/``: a rosbag2 with the node's output topics, ``/oxygen/action_chunk`` (oxygen_ros/msg/ActionChunk) and
+``/oxygen/language_output`` (oxygen_ros/msg/LanguageOutput), built by the node's post-processing and message
+builders (:mod:`oxygen_ros.ros.publishers`), header-stamped with the originating observation time (the newest
+camera stamp used) and logged at the tick that produced them.
 """
 
 from __future__ import annotations
 
 import argparse
+import array
+import dataclasses
 import hashlib
 import json
 import logging
@@ -34,8 +40,7 @@ import struct
 import sys
 import time
 from collections import Counter
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +51,15 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import get_types_from_msg
 from tqdm import tqdm
 
-from oxygen_ros.engine.checkpoint import load_checkpoint
-from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
-from oxygen_ros.engine.observation import Observation
+from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
-from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES, PromptTokenizer
-from oxygen_ros.ros.image_conversion import (
-    SUPPORTED_ENCODINGS,
-    ImageError,
-    compressed_msg_to_array,
-    image_msg_to_array,
-    preprocess,
-)
-from oxygen_ros.ros.norm_stats import NORMALIZATIONS, Normalizer, load_norm_stats, pad_or_truncate
+from oxygen_ros.engine.tokenizer import CUSTOM_TASK, PromptTokenizer
+from oxygen_ros.ros.diagnostics import ReasonCounter
+from oxygen_ros.ros.model_loader import NORM_STATS_NAME, build_node_engine, load_model, resolve_device
+from oxygen_ros.ros.norm_stats import NORMALIZATIONS
+from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip
+from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, REQUEST_TASKS, NodeParams
+from oxygen_ros.ros.publishers import ActionPostprocessor, language_output, make_action_chunk
 from oxygen_ros.tools.make_demo_bag import get_ros2_typestore
 
 __all__ = [
@@ -78,12 +79,12 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+# The node's output topics as it resolves them (node name ``oxygen``, ``~/action_chunk``, ``~/language_output``).
 ACTION_TOPIC = "/oxygen/action_chunk"
-LANGUAGE_TOPIC = "/oxygen/language"
+LANGUAGE_TOPIC = "/oxygen/language_output"
 ACTION_TYPE = "oxygen_ros/msg/ActionChunk"
 LANGUAGE_TYPE = "oxygen_ros/msg/LanguageOutput"
 IMAGE_TYPES = ("sensor_msgs/msg/Image", "sensor_msgs/msg/CompressedImage")
-DEFAULT_CAMERA_TOPIC = "/cameras/{name}/image_raw"
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager")
 PLOT_FILES = ("stage_latency.png", "action_frequency.png", "language_throughput.png", "request_latency.png")
 REPORT_KEYS = ("version", "inputs", "config", "model", "ticks", "frames", "skipped", "skip_reasons",
@@ -157,11 +158,6 @@ def _bag_storage(bag: Path) -> str:
     return "mcap" if bag.is_dir() and any(bag.glob("*.mcap")) else "sqlite3"
 
 
-def _stamp_ns(stamp: Any) -> int:
-    """builtin_interfaces/Time -> integer nanoseconds."""
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
-
-
 def _percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
     """count, mean, p50, p90, p99, max of ``values`` (None entries when empty)."""
     if not values:
@@ -171,226 +167,53 @@ def _percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
             "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
 
 
-def _resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """``auto`` picks cuda when available; dtype ``auto`` is bfloat16 on cuda, float32 otherwise."""
-    dev = torch.device("cuda" if device == "auto" and torch.cuda.is_available() else
-                       "cpu" if device == "auto" else device)
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    dtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-    if dtype not in dtypes:
-        raise ValueError(f"dtype must be auto or one of {sorted(dtypes)}, got {dtype!r}")
-    return dev, dtypes[dtype]
-
-
-@dataclass(frozen=True)
-class _Skip:
-    """Why a tick produced no frame (reasons as in the node's diagnostics)."""
-
-    reason: str
-    detail: str
-
-
-@dataclass(frozen=True)
-class _Built:
-    """One frame's model input and what it was built from."""
-
-    observation: Observation
-    stamp_ns: int  # observation time = newest camera stamp used (as the node stamps its outputs)
-    instruction: str
-    state: np.ndarray  # robot-unit state in joint_names order
-
-
-# ---------------------------------------------------------------------------------------------- inputs
-class _Inputs:
-    """The newest valid inputs, fed message by message in bag order, and the Observation at a tick.
-
-    Mirrors the node (oxygen_ros.ros.observation_builder): each message is validated and decoded as it arrives
-    and a bad one is counted in ``rejected`` and ignored (the previous valid value stays); at a tick, a missing
-    or stale camera (header stamp more than ``max_image_age_s`` from the tick), a missing or non-finite state or
-    no instruction skips the frame.
-    """
-
-    def __init__(self, reader: AnyReader, model_cameras: Sequence[str], cameras: dict[str, str], image_size: int,
-                 joint_names: Sequence[str], joint_topic: str, instruction_topic: str, instruction: str,
-                 tokenizer: PromptTokenizer, normalizer: Normalizer, action_dim: int, max_image_age_s: float,
-                 max_image_pixels: int, max_instruction_chars: int) -> None:
-        self.reader = reader
-        self.model_cameras = list(model_cameras)
-        self.cameras = dict(cameras)  # configured camera name -> topic
-        self.topic_camera = {t: n for n, t in cameras.items()}
-        self.image_size, self.action_dim = image_size, action_dim
-        self.joint_names = list(joint_names)
-        self.joint_index = {n: i for i, n in enumerate(self.joint_names)}
-        self.joint_topic, self.instruction_topic = joint_topic, instruction_topic
-        self.tokenizer, self.normalizer = tokenizer, normalizer
-        self.max_age_ns = int(max_image_age_s * 1e9)
-        self.max_pixels, self.max_chars = max_image_pixels, max_instruction_chars
-        self.images: dict[str, tuple[np.ndarray, int]] = {}  # camera -> (pixels [3, S, S], header stamp ns)
-        self.positions = np.full(len(self.joint_names), np.nan)
-        self.seen = np.zeros(len(self.joint_names), dtype=bool)
-        self.instruction: str | None = None
-        self.rejected: Counter[str] = Counter()
-        if instruction:
-            self._set_instruction(instruction)
-
-    # --- messages
-    def on_message(self, topic: str, msgtype: str, raw: bytes) -> None:
-        """Validate and store one bag message of an input topic."""
-        try:
-            msg = self.reader.deserialize(raw, msgtype)
-        except Exception:  # a corrupt payload must not end the evaluation
-            self.rejected["deserialize_error"] += 1
-            return
-        if topic in self.topic_camera:
-            self._on_image(self.topic_camera[topic], msgtype, msg)
-        elif topic == self.joint_topic:
-            self._on_joint_state(msg)
-        elif topic == self.instruction_topic:
-            self._set_instruction(str(msg.data))
-
-    def _on_image(self, cam: str, msgtype: str, msg: Any) -> None:
-        try:
-            if msgtype == IMAGE_TYPES[1]:
-                if len(msg.data) == 0:
-                    self.rejected["image_empty"] += 1
-                    return
-                if len(msg.data) > 3 * self.max_pixels:
-                    self.rejected["image_too_large"] += 1
-                    return
-                try:
-                    rgb = compressed_msg_to_array(msg)
-                except ImageError:
-                    self.rejected["image_undecodable"] += 1
-                    return
-            else:
-                h, w = int(msg.height), int(msg.width)
-                if h <= 0 or w <= 0:
-                    self.rejected["image_zero_size"] += 1
-                    return
-                if h * w > self.max_pixels:
-                    self.rejected["image_too_large"] += 1
-                    return
-                if str(msg.encoding) not in SUPPORTED_ENCODINGS:
-                    self.rejected["image_bad_encoding"] += 1
-                    return
-                rgb = image_msg_to_array(msg)
-            if rgb.shape[0] * rgb.shape[1] > self.max_pixels:
-                self.rejected["image_too_large"] += 1
-                return
-            self.images[cam] = (preprocess(rgb, self.image_size), _stamp_ns(msg.header.stamp))
-        except (ImageError, ValueError):
-            self.rejected["image_bad_data"] += 1
-
-    def _on_joint_state(self, msg: Any) -> None:
-        names, positions = list(msg.name), np.asarray(msg.position, dtype=np.float64).reshape(-1)
-        if not names or len(names) != positions.shape[0]:
-            self.rejected["joint_state_malformed"] += 1
-            return
-        picks = [(self.joint_index[n], j) for j, n in enumerate(names) if n in self.joint_index]
-        if not picks:
-            self.rejected["joint_state_unknown_joints"] += 1
-            return
-        dst, src = (np.array(x, dtype=np.intp) for x in zip(*picks, strict=True))
-        self.positions[dst] = positions[src]  # non-finite values are kept: the state is invalid until fixed
-        self.seen[dst] = True
-        if not np.all(np.isfinite(positions[src])):
-            self.rejected["state_not_finite"] += 1
-
-    def _set_instruction(self, text: str) -> None:
-        if len(text) > self.max_chars:
-            self.rejected["instruction_truncated"] += 1
-            text = text[:self.max_chars]
-        text = text.strip()
-        if not text:
-            self.rejected["instruction_empty"] += 1
-            return
-        self.instruction = text
-
-    # --- ticks
-    def build(self, tick_ns: int) -> _Built | _Skip:
-        """The model input at ``tick_ns``, or why the tick is skipped."""
-        for name in self.cameras:
-            if name not in self.images:
-                return _Skip("missing_camera", f"no image from {name} ({self.cameras[name]}) yet")
-            age = tick_ns - self.images[name][1]
-            if abs(age) > self.max_age_ns:
-                return _Skip("stale_camera", f"{name} image is {age / 1e9:.3f} s old "
-                             f"(max {self.max_age_ns / 1e9:g} s)")
-        if not self.seen.all():
-            missing = [n for n, s in zip(self.joint_names, self.seen, strict=True) if not s]
-            return _Skip("no_state", f"no position yet for {', '.join(missing[:5]) or 'any joint (none configured)'}")
-        if not np.all(np.isfinite(self.positions)):
-            return _Skip("invalid_state", "joint state has NaN/Inf")
-        if self.instruction is None:
-            return _Skip("no_instruction", f"waiting for {self.instruction_topic}")
-        state = self.normalizer.normalize_state(self.positions)
-        if not np.all(np.isfinite(state)):
-            return _Skip("invalid_state", "normalised state has NaN/Inf")
-        prompt = self.tokenizer.tokenize_action_prompt(self.instruction, state)
-        if prompt.truncated:
-            self.rejected["prompt_truncated"] += 1
-        n, s = prompt.num_tokens, self.image_size
-        pixels = np.zeros((1, len(self.model_cameras), 3, s, s), dtype=np.float32)
-        masks = np.zeros((1, len(self.model_cameras)), dtype=bool)
-        for name in self.cameras:  # slots without a configured camera stay masked out
-            slot = self.model_cameras.index(name)
-            pixels[0, slot], masks[0, slot] = self.images[name][0], True
-        obs = Observation(
-            images=torch.from_numpy(pixels), image_masks=torch.from_numpy(masks),
-            tokens=torch.from_numpy(prompt.ids[:n].copy())[None],  # unpadded, as the node does
-            token_mask=torch.from_numpy(prompt.mask[:n].copy())[None],
-            state=torch.from_numpy(pad_or_truncate(state, self.action_dim).astype(np.float32))[None],
-        )
-        stamp = max(self.images[name][1] for name in self.cameras)
-        return _Built(obs, stamp, self.instruction, self.positions.copy())
+def _to_typestore(msg: Any, ts: Any) -> Any:
+    """A generated ROS message (as the node publishes it) -> the same message as a rosbags typestore object, for
+    the bag writer (its CDR zeroes padding bytes, so equal messages give equal bag bytes)."""
+    fields = {}
+    for name in msg.get_fields_and_field_types():
+        value = getattr(msg, name)
+        if hasattr(value, "get_fields_and_field_types"):
+            value = _to_typestore(value, ts)
+        elif isinstance(value, list) and value and hasattr(value[0], "get_fields_and_field_types"):
+            value = [_to_typestore(v, ts) for v in value]
+        elif isinstance(value, array.array):
+            value = np.asarray(value)  # rosbags holds primitive sequences as numpy arrays
+        fields[name] = value
+    cls = type(msg)
+    return ts.types[f"{cls.__module__.split('.')[0]}/msg/{cls.__name__}"](**fields)
 
 
 # ---------------------------------------------------------------------------------------------- outputs
 class _Outputs:
-    """Writes ActionChunk / LanguageOutput messages to the output bag and keeps the determinism digests."""
+    """Writes the node's ActionChunk / LanguageOutput messages to the output bag and keeps the determinism
+    digests."""
 
-    def __init__(self, writer: Writer, ts: Any, action_names: Sequence[str], dt_s: float) -> None:
+    def __init__(self, writer: Writer, ts: Any) -> None:
         self.ts, self.writer = ts, writer
-        T = ts.types
-        self.Chunk, self.Lang = T[ACTION_TYPE], T[LANGUAGE_TYPE]
-        self.Header, self.Time, self.Duration = T["std_msgs/msg/Header"], T["builtin_interfaces/msg/Time"], \
-            T["builtin_interfaces/msg/Duration"]
         self.action_conn = writer.add_connection(ACTION_TOPIC, ACTION_TYPE, typestore=ts)
         self.language_conn = writer.add_connection(LANGUAGE_TOPIC, LANGUAGE_TYPE, typestore=ts)
-        self.action_names = list(action_names)
-        self.dt = self._duration(dt_s)
         self.actions_hash, self.texts_hash = hashlib.sha256(), hashlib.sha256()
         self.num_chunks = self.num_texts = 0
 
-    def _header(self, stamp_ns: int) -> Any:
-        sec, nsec = divmod(stamp_ns, 1_000_000_000)
-        return self.Header(stamp=self.Time(sec=sec, nanosec=nsec), frame_id="")
+    def _write(self, conn: Any, log_ns: int, msg: Any, msgtype: str) -> None:
+        self.writer.write(conn, log_ns, self.ts.serialize_cdr(_to_typestore(msg, self.ts), msgtype))
 
-    def _duration(self, seconds: float) -> Any:
-        sec, nsec = divmod(max(0, round(seconds * 1e9)), 1_000_000_000)
-        return self.Duration(sec=sec, nanosec=nsec)
-
-    def chunk(self, frame_index: int, stamp_ns: int, log_ns: int, actions: np.ndarray, latency_s: float) -> None:
+    def chunk(self, frame_index: int, stamp_ns: int, log_ns: int, actions: np.ndarray, names: Sequence[str],
+              dt_s: float, latency_s: float) -> None:
         """One action chunk [H, D] float32 in robot units, stamped with the observation time ``stamp_ns`` and
         logged at the tick ``log_ns`` that produced it."""
+        self._write(self.action_conn, log_ns,
+                    make_action_chunk(actions, stamp_ns, frame_index, names, dt_s, latency_s), ACTION_TYPE)
         horizon, dim = actions.shape
-        msg = self.Chunk(header=self._header(stamp_ns), frame_index=frame_index, joint_names=self.action_names,
-                         horizon=horizon, action_dim=dim, actions=actions.reshape(-1), dt=self.dt,
-                         inference_latency=self._duration(latency_s))
-        self.writer.write(self.action_conn, log_ns, self.ts.serialize_cdr(msg, ACTION_TYPE))
         self.actions_hash.update(struct.pack("<qqii", frame_index, stamp_ns, horizon, dim) + actions.tobytes())
         self.num_chunks += 1
 
     def language(self, f: FinishedRequest, now_ns: int) -> None:
         """A finished request: header stamp = originating observation time, logged at the finishing tick."""
-        text = f.text or ""
-        msg = self.Lang(header=self._header(int(f.stamp)), request_id=f.request_id, frame_index=f.frame_index,
-                        task=f.task, text=text, num_tokens=len(f.tokens), eos=bool(f.eos),
-                        latency=self._duration(f.latency_s))
-        self.writer.write(self.language_conn, now_ns, self.ts.serialize_cdr(msg, LANGUAGE_TYPE))
+        self._write(self.language_conn, now_ns, language_output(f), LANGUAGE_TYPE)
         self.texts_hash.update(struct.pack("<qqq?", f.request_id, f.frame_index, int(f.stamp), bool(f.eos))
-                               + np.asarray(f.tokens, dtype=np.int64).tobytes() + text.encode() + b"\0")
+                               + np.asarray(f.tokens, dtype=np.int64).tobytes() + (f.text or "").encode() + b"\0")
         self.num_texts += 1
 
     def digest(self) -> dict[str, Any]:
@@ -481,8 +304,8 @@ def evaluate_bag(
         raise ValueError(f"mode must be oxygen, isolated, shared_kv or parallel, got {mode!r}")
     if not rate_hz > 0 or not max_image_age_s > 0 or request_every < 0:
         raise ValueError("rate_hz and max_image_age_s must be > 0 and request_every >= 0")
-    if task not in (*LANGUAGE_TEMPLATES, CUSTOM_TASK):
-        raise ValueError(f"task must be one of {[*LANGUAGE_TEMPLATES, CUSTOM_TASK]}, got {task!r}")
+    if task not in REQUEST_TASKS:
+        raise ValueError(f"task must be one of {list(REQUEST_TASKS)}, got {task!r}")
     if task == CUSTOM_TASK and not request_prompt:
         raise ValueError("request_prompt is required for task 'custom'")
     if request_prompt:
@@ -492,6 +315,7 @@ def evaluate_bag(
     storage = storage or _bag_storage(bag)
     if storage not in _STORAGES:
         raise ValueError(f"storage must be one of {sorted(_STORAGES)}, got {storage!r}")
+    dev, torch_dtype = resolve_device(device, dtype)
     out_bag = out / "out_bag"
     if out_bag.exists():
         if not overwrite:
@@ -501,50 +325,78 @@ def evaluate_bag(
         shutil.rmtree(out_bag)
     out.mkdir(parents=True, exist_ok=True)
 
-    # --- model, tokenizer, engine, normalisation
-    dev, torch_dtype = _resolve_device(device, dtype)
-    model = load_checkpoint(checkpoint, dtype=torch_dtype, device=dev)
-    cfg = model.config
-    tok = PromptTokenizer(tokenizer or checkpoint, max_token_len=cfg.max_token_len)
-    if norm_stats is None and (checkpoint / "norm_stats.json").is_file():
-        norm_stats = checkpoint / "norm_stats.json"
-    normalizer = Normalizer(load_norm_stats(norm_stats) if norm_stats else None, normalization)
-    period = 1.0 / rate_hz
-    ec = EngineConfig(mode=mode, num_steps=num_steps, k=k, deadline_s=period if k == "auto" else None,
-                      max_inflight=max_inflight, max_new_tokens=max_new_tokens,
-                      max_prompt_tokens=max_prompt_tokens, eos_id=tok.eos_id)
-    engine: Engine = build_engine(model, ec, detokenize=tok.decode)
-
-    cam_names = list(camera_names) if camera_names else list(cfg.camera_names)
-    unknown = [c for c in cam_names if c not in cfg.camera_names]
-    if unknown:
-        raise ValueError(f"camera_names {unknown} are not camera slots of the model {list(cfg.camera_names)}")
-    if camera_topics and len(camera_topics) != len(cam_names):
-        raise ValueError(f"{len(camera_topics)} camera_topics for {len(cam_names)} camera_names")
+    # --- model, tokenizer and normalisation, loaded as the node loads them
+    if norm_stats is None and (checkpoint / NORM_STATS_NAME).is_file():
+        norm_stats = checkpoint / NORM_STATS_NAME
+    p = NodeParams(
+        checkpoint_path=str(checkpoint), tokenizer_path=str(tokenizer or ""), norm_stats_path=str(norm_stats or ""),
+        normalization=normalization, device=device, dtype=dtype, seed=seed, mode=mode, num_steps=num_steps,
+        max_new_tokens=max_new_tokens, k=NodeParams.k if k == "auto" else k, k_auto=k == "auto",
+        request_every_n_frames=request_every, request_task=task, request_prompt=request_prompt,
+        max_prompt_tokens=max_prompt_tokens, max_inflight=max_inflight, camera_names=tuple(camera_names or ()),
+        max_image_age_s=max_image_age_s, max_image_pixels=max_image_pixels, action_names=tuple(action_names or ()),
+        delta_action_mask=tuple(bool(d) for d in delta_action_mask), instruction=instruction,
+        max_instruction_chars=max_instruction_chars, control_rate_hz=rate_hz, action_rate_hz=action_rate_hz)
+    loaded = load_model(p)
+    for note in loaded.notes:
+        logger.info(note)
+    cfg, tok = loaded.model.config, loaded.tokenizer
+    if not p.camera_names:
+        p = p.with_cameras(cfg.camera_names)
+    if camera_topics and len(camera_topics) != len(p.camera_names):
+        raise ValueError(f"{len(camera_topics)} camera_topics for {len(p.camera_names)} camera_names")
 
     ts, msg_source = oxygen_typestore()
     with AnyReader([bag], default_typestore=ts) as reader:
+        if joint_names is None:
+            joint_names = _first_joint_names(reader, joint_states_topic)
+        p = dataclasses.replace(p, joint_names=tuple(joint_names))
+        horizon, action_dim = cfg.action_horizon, cfg.action_dim
+        robot_names = list(p.robot_action_names)
+        post = ActionPostprocessor(loaded.normalizer, len(robot_names) or action_dim, p.delta_action_mask)
+        if post.delta_mask.any() and int(np.flatnonzero(post.delta_mask).max()) >= len(p.joint_names):
+            raise ValueError("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
+
+        # the node's input handling, clocked by the bag: each message is validated and decoded as it is fed
+        bag_now = [reader.start_time]  # log time of the message being fed
+
+        def bag_clock() -> float:
+            return bag_now[0] / 1e9
+
+        rejected = ReasonCounter(logger.debug, "rejected input", clock=bag_clock)
+        store = InputStore(p.camera_names, cfg.vision.image_size, p.joint_names, rejected, p.max_image_pixels,
+                           p.max_instruction_chars, p.instruction, clock=bag_clock)
+        builder = ObservationBuilder(store, cfg.camera_names, tok, loaded.normalizer, action_dim, p.max_image_age_s)
+
         bag_topics = {c.topic: c.msgtype for c in reader.connections}
-        cameras: dict[str, str] = {}
-        for i, name in enumerate(cam_names):
+        topics: list[str] = []
+        for i, name in enumerate(p.camera_names):
             topic = camera_topics[i] if camera_topics else DEFAULT_CAMERA_TOPIC.format(name=name)
             if not camera_topics and topic not in bag_topics and topic + "/compressed" in bag_topics:
                 topic += "/compressed"
             if topic in bag_topics and bag_topics[topic] not in IMAGE_TYPES:
                 raise ValueError(f"camera topic {topic} has type {bag_topics[topic]}, expected one of {IMAGE_TYPES}")
-            cameras[name] = topic
-        missing_topics = sorted(t for t in cameras.values() if t not in bag_topics)
+            topics.append(topic)
+        missing_topics = sorted(t for t in topics if t not in bag_topics)
         if missing_topics:
             logger.warning("camera topics not in the bag (every frame will be skipped): %s", missing_topics)
-        if joint_names is None:
-            joint_names = _first_joint_names(reader, joint_states_topic)
-        joint_names = list(joint_names)
-        robot_names = list(action_names) if action_names else joint_names
-        horizon, action_dim = cfg.action_horizon, cfg.action_dim
-        robot_dim = len(robot_names) or action_dim
-        delta = pad_or_truncate(np.asarray(list(delta_action_mask), dtype=bool), robot_dim)
-        if delta.any() and int(np.flatnonzero(delta).max()) >= len(joint_names):
-            raise ValueError("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
+        p = dataclasses.replace(p, camera_topics=tuple(topics))
+        camera_index = {t: i for i, t in enumerate(p.camera_topics)}
+
+        def feed(topic: str, msgtype: str, raw: bytes) -> None:
+            try:
+                msg = reader.deserialize(raw, msgtype)
+            except Exception as e:  # a corrupt payload must not end the evaluation
+                rejected.add("deserialize_error", f"{topic}: {e}")
+                return
+            if topic in camera_index:
+                on_image = store.on_compressed if msgtype == IMAGE_TYPES[1] else store.on_image
+                on_image(camera_index[topic], msg)
+            elif topic == joint_states_topic:
+                store.on_joint_state(msg)
+            elif topic == instruction_topic:
+                store.on_instruction(msg)
+
         builtin_prompt = tok.tokenize_request(task, None, max_len=max_prompt_tokens) if not request_prompt else []
         prompt_cache: dict[str, list[int]] = {}
 
@@ -556,15 +408,12 @@ def evaluate_bag(
                 prompt_cache[instr] = tok.encode(request_prompt.format(instruction=instr))[:max_prompt_tokens]
             return prompt_cache[instr]
 
-        inputs = _Inputs(reader, cfg.camera_names, cameras, cfg.vision.image_size, joint_names, joint_states_topic,
-                         instruction_topic, instruction, tok, normalizer, action_dim, max_image_age_s,
-                         max_image_pixels, max_instruction_chars)
-        dt_s = 1.0 / action_rate_hz if action_rate_hz > 0 else period / horizon
+        dt_s = 1.0 / (action_rate_hz if action_rate_hz > 0 else horizon * rate_hz)
         start_ns, last_ns = reader.start_time, reader.end_time - 1  # rosbags' end_time is exclusive
         n_ticks = math.floor((last_ns - start_ns) * rate_hz / 1e9 + 1e-9) + 1 if reader.message_count else 0
         if max_frames is not None:
             n_ticks = min(n_ticks, max_frames)
-        wanted = {*cameras.values(), joint_states_topic, instruction_topic}
+        wanted = {*topics, joint_states_topic, instruction_topic}
         conns = [c for c in reader.connections if c.topic in wanted]
         messages = iter(reader.messages(connections=conns)) if conns else iter(())
         pending = next(messages, None)
@@ -574,19 +423,22 @@ def evaluate_bag(
         requests: list[dict[str, Any]] = []
         issued = 0
         show = sys.stderr.isatty() if progress is None else progress
+        engine: Engine = build_node_engine(p, loaded)
         with Writer(out_bag, version=9, storage_plugin=_STORAGES[storage]) as writer:
-            outputs = _Outputs(writer, ts, robot_names, dt_s)
+            outputs = _Outputs(writer, ts)
             for tick in tqdm(range(n_ticks), desc=f"evaluating {bag.name} ({mode})", unit="frame", disable=not show):
                 tick_ns = start_ns + round(tick * 1e9 / rate_hz)
                 while pending is not None and pending[1] <= tick_ns:
-                    conn, _, raw = pending
-                    inputs.on_message(conn.topic, conn.msgtype, raw)
+                    conn, bag_now[0], raw = pending
+                    feed(conn.topic, conn.msgtype, raw)
                     pending = next(messages, None)
                 t0 = time.perf_counter()
-                built = inputs.build(tick_ns)
-                if isinstance(built, _Skip):
+                built = builder.build(tick_ns)
+                if isinstance(built, Skip):
                     skipped.append({"tick": tick, "tick_ns": tick_ns, "reason": built.reason, "detail": built.detail})
                     continue
+                if built.prompt_truncated:
+                    rejected.add("prompt_truncated", "instruction + state exceed the model's max_token_len")
                 t_obs = time.perf_counter()
                 frame_index = engine.frame_index
                 gen = torch.Generator().manual_seed(seed + frame_index)
@@ -598,11 +450,8 @@ def evaluate_bag(
                 res: FrameResult = engine.step(Frame(built.observation, new, noise, stamp=built.stamp_ns),
                                                lambda _i, _c, ta=t_actions: ta.append(time.perf_counter()))
                 t_engine = time.perf_counter()
-                chunk = res.actions[0].detach().float().cpu().numpy()
-                robot = pad_or_truncate(normalizer.unnormalize_actions(chunk), robot_dim)  # as the node does
-                if delta.any():
-                    robot = robot + np.where(delta, pad_or_truncate(built.state, robot_dim), 0.0)
-                outputs.chunk(frame_index, built.stamp_ns, tick_ns, robot.astype(np.float32),
+                actions = post(res.actions[0].detach().float().cpu().numpy(), built.state)
+                outputs.chunk(frame_index, built.stamp_ns, tick_ns, actions, robot_names, dt_s,
                               (t_actions[0] if t_actions else t_engine) - t0)
                 for f in res.finished:
                     if not f.dropped:
@@ -627,13 +476,14 @@ def evaluate_bag(
 
     report = _report(
         bag=bag, storage=storage, checkpoint=checkpoint, tok=tok, msg_source=msg_source, out=out, cfg=cfg,
-        engine=engine, per_frame=per_frame, skipped=skipped, rejected=inputs.rejected, requests=requests,
-        issued=issued, n_ticks=n_ticks, period=period, digest=outputs.digest(),
+        engine=engine, per_frame=per_frame, skipped=skipped, rejected=rejected.snapshot(), requests=requests,
+        issued=issued, n_ticks=n_ticks, period=p.period_s, digest=outputs.digest(),
         config={"mode": mode, "rate_hz": rate_hz, "num_steps": num_steps, "max_new_tokens": max_new_tokens, "k": k,
                 "request_every": request_every, "task": task, "request_prompt": request_prompt,
-                "max_prompt_tokens": max_prompt_tokens, "max_inflight": max_inflight, "camera_names": cam_names,
-                "camera_topics": cameras, "joint_names": joint_names, "action_names": robot_names,
-                "delta_action_mask": delta.tolist(), "joint_states_topic": joint_states_topic,
+                "max_prompt_tokens": max_prompt_tokens, "max_inflight": max_inflight,
+                "camera_names": list(p.camera_names), "camera_topics": dict(zip(p.camera_names, topics, strict=True)),
+                "joint_names": list(p.joint_names), "action_names": robot_names,
+                "delta_action_mask": post.delta_mask.tolist(), "joint_states_topic": joint_states_topic,
                 "instruction_topic": instruction_topic, "norm_stats": str(norm_stats) if norm_stats else None,
                 "normalization": normalization if norm_stats else "none", "seed": seed,
                 "max_image_age_s": max_image_age_s, "action_rate_hz": 1.0 / dt_s, "max_frames": max_frames,
@@ -665,9 +515,9 @@ def _first_joint_names(reader: AnyReader, topic: str) -> list[str]:
 
 
 def _report(*, bag: Path, storage: str, checkpoint: Path, tok: PromptTokenizer, msg_source: str, out: Path, cfg: Any,
-            engine: Engine, per_frame: list[dict], skipped: list[dict], rejected: Counter, requests: list[dict],
-            issued: int,
-            n_ticks: int, period: float, digest: dict, config: dict) -> dict[str, Any]:
+            engine: Engine, per_frame: list[dict], skipped: list[dict], rejected: Mapping[str, int],
+            requests: list[dict], issued: int, n_ticks: int, period: float, digest: dict,
+            config: dict) -> dict[str, Any]:
     """Assemble the JSON report from the per-frame records."""
     frame_s = [f["timings_ms"]["frame"] / 1e3 for f in per_frame]
     total_s = sum(frame_s)
@@ -830,7 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=30, help="N: tokens per language request")
     p.add_argument("--k", type=_k, default=5, help="per-frame decode budget (oxygen), or 'auto'")
     p.add_argument("--request-every", type=int, default=1, help="a language request every n frames (0: none)")
-    p.add_argument("--task", choices=[*LANGUAGE_TEMPLATES, CUSTOM_TASK], default="memory")
+    p.add_argument("--task", choices=REQUEST_TASKS, default="memory")
     p.add_argument("--request-prompt", default="", help="prompt for --task custom ({instruction} replaced)")
     p.add_argument("--max-inflight", type=int, default=32)
     p.add_argument("--camera-topics", nargs="+", help="one image topic per camera name")

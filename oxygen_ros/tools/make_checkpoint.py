@@ -1,6 +1,6 @@
 """Write a random-init pi0.5 checkpoint of any config in openpi's (or LeRobot's) format.
 
-    oxygen-make-checkpoint --config tiny --preset libero --out /tmp/ckpt [--tokenizer]
+    oxygen-make-checkpoint --config tiny --preset libero --out /tmp/ckpt [--tokenizer] [--std 0.3]
 """
 
 from __future__ import annotations
@@ -15,13 +15,19 @@ from oxygen_ros.engine.checkpoint import init_random_weights, save_checkpoint
 
 
 def make_random_checkpoint(out: Path, config: str = "tiny", preset: str | None = "libero", seed: int = 0,
-                           layout: str = "openpi", tokenizer: bool = False, **overrides) -> Path:
-    """Random weights for ``config`` saved to ``out``; optionally a matching test tokenizer beside them."""
+                           layout: str = "openpi", tokenizer: bool = False, std: float = 0.02, **overrides) -> Path:
+    """Random weights for ``config`` saved to ``out``; optionally a matching test tokenizer beside them.
+
+    ``std`` is the init scale of the random weights: the default 0.02 keeps activations small (benchmarks, unit
+    tests) but makes generated text degenerate (one token repeated); about 0.3 gives varied text (demos).
+    ``overrides`` replace config fields after the preset (e.g. ``max_token_len``, ``camera_names``,
+    ``action_dim``, ``action_horizon``).
+    """
     cfg = get_config(config, preset, **overrides)
     if tokenizer and cfg.vocab_size > 1034:
         raise ValueError("the generated test tokenizer supports vocab_size <= 1034; use a real tokenizer")
     with torch.device("cpu"):
-        model = init_random_weights(Pi05Model(cfg), seed=seed)
+        model = init_random_weights(Pi05Model(cfg), seed=seed, std=std)
     save_checkpoint(model, out, layout=layout)
     if tokenizer:
         from oxygen_ros.tools.make_tokenizer import make_test_tokenizer
@@ -38,8 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--layout", choices=["openpi", "lerobot"], default="openpi")
     ap.add_argument("--tokenizer", action="store_true", help="also write a small matching SentencePiece tokenizer")
+    ap.add_argument("--std", type=float, default=0.02, help="init scale of the random weights (0.3: varied text)")
     args = ap.parse_args(argv)
-    out = make_random_checkpoint(args.out, args.config, args.preset, args.seed, args.layout, args.tokenizer)
+    out = make_random_checkpoint(args.out, args.config, args.preset, args.seed, args.layout, args.tokenizer, args.std)
     print(f"wrote {out / 'model.safetensors'}")
 
 
