@@ -2,7 +2,8 @@
 
     oxygen-bench --config small --engines isolated shared_kv oxygen --N 30 --k 1 5 --frames 20 --out runs/bench
 
-Every point of one invocation runs in the same process on the same model, so ratios are measured side by side.
+Every point of one invocation runs in the same process on the same model, and the measured frames of all points are
+interleaved round-robin (after each point's warm-up), so ratios are measured side by side under the same conditions.
 Stage costs (prefill, denoise, decode step per batch size) are profiled in the same run and used to predict
 each engine's frame time from the work it must do.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.bench.progress import progress_bar
-from oxygen_ros.bench.runner import PROMPT_LEN, machine_info, run_point, warmup_frames
+from oxygen_ros.bench.runner import PROMPT_LEN, machine_info, run_interleaved, warmup_frames
 from oxygen_ros.engine import Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
 from oxygen_ros.engine.cpu_kernels import use_onednn
@@ -105,7 +106,6 @@ def main(argv: list[str] | None = None) -> None:
     prompt_len = min(cfg.max_token_len, PROMPT_LEN)  # the prompt run_point's observation has
     profile = profile_stages(model, sorted({1, 2, 4, 8, 16, 32, max_batch}), repeats=5, prompt_len=prompt_len)
 
-    points = []
     plan = []
     for n in args.N:
         for mode in args.engines:
@@ -117,12 +117,11 @@ def main(argv: list[str] | None = None) -> None:
                               burst_size=args.burst_size, rate=args.rate, seed=args.seed)
                 plan.append((ec, wl))
     total_frames = sum(warmup_frames(ec, wl) + args.frames for ec, wl in plan)
-    with progress_bar(total=total_frames, desc="benchmark frames") as bar:
-        for ec, wl in plan:
-            point = run_point(model, ec, wl, args.frames, args.seed, heads=heads, on_frame=lambda _: bar.update(1))
-            point["predicted_frame_ms"] = 1e3 * predict_frame_s(point, profile)
-            point["measured_over_predicted"] = point["frame_ms_mean"] / point["predicted_frame_ms"]
-            points.append(point)
+    with progress_bar(total=total_frames, desc="benchmark frames (interleaved)") as bar:
+        points = run_interleaved(model, plan, args.frames, args.seed, heads=heads, on_frame=lambda _: bar.update(1))
+    for point in points:
+        point["predicted_frame_ms"] = 1e3 * predict_frame_s(point, profile)
+        point["measured_over_predicted"] = point["frame_ms_mean"] / point["predicted_frame_ms"]
 
     for p in points:  # speedups against isolated at the same N
         base = next((q for q in points if q["engine"] == "isolated" and q["N"] == p["N"]), None)
@@ -159,8 +158,8 @@ def main(argv: list[str] | None = None) -> None:
 
 def markdown_table(points: list[dict]) -> str:
     rows = ["| engine | N | k | action Hz | tokens/s | frame ms (p99) | speedup | predicted | tokens/s x "
-            "| manager % | mean batch | memory x |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "| manager % | other % | mean batch | memory x |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for p in points:
         k = p["k"] if p["engine"] == "oxygen" else "-"
@@ -168,7 +167,8 @@ def markdown_table(points: list[dict]) -> str:
             f"| {p['engine']} | {p['N']} | {k} | {p['action_hz']:.1f} | {p['tokens_per_s']:.1f} | "
             f"{p['frame_ms_mean']:.0f} ({p['frame_ms_p99']:.0f}) | {p.get('speedup_vs_isolated', nan):.2f}x | "
             f"{p.get('predicted_speedup', nan):.2f}x | {p.get('token_rate_vs_isolated') or nan:.2f}x | "
-            f"{100 * p['manager_share']:.2f} | {p['batch_mean']:.1f} | {p.get('memory_vs_isolated', nan):.3f} |")
+            f"{100 * p['manager_share']:.2f} | {100 * p.get('unaccounted_share', nan):.2f} | {p['batch_mean']:.1f} | "
+            f"{p.get('memory_vs_isolated', nan):.3f} |")
     return "\n".join(rows)
 
 

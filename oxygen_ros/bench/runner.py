@@ -36,29 +36,75 @@ def warmup_frames(ec: EngineConfig, workload: Workload) -> int:
     return math.ceil(workload.max_new_tokens / k) + 2
 
 
+class PointRun:
+    """One engine on one workload: warm-up frames, then measured frames one at a time, then a record."""
+
+    def __init__(self, model: Pi05Model, ec: EngineConfig, workload: Workload, frames: int, seed: int = 0,
+                 heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> None:
+        self.model, self.ec, self.workload, self.heads, self.on_frame = model, ec, workload, heads, on_frame
+        self.engine = build_engine(model, ec, heads=heads)
+        self.obs = dummy_observation(model, 1, prompt_len=min(model.config.max_token_len, PROMPT_LEN))
+        self.warm = warmup_frames(ec, workload)
+        self.schedule = workload.schedule(self.warm + frames)
+        gen = torch.Generator(device="cpu").manual_seed(seed)
+        self.noise = torch.randn(1, model.config.action_horizon, model.config.action_dim, generator=gen)
+        self.noise = self.noise.to(model.device)
+        self.frame = 0
+        self.records: list[FrameResult] = []
+
+    @property
+    def done(self) -> bool:
+        return self.frame >= len(self.schedule)
+
+    def step(self) -> None:
+        res = self.engine.step(Frame(self.obs, self.schedule[self.frame], self.noise))
+        if self.on_frame is not None:
+            self.on_frame(res)
+        if self.frame >= self.warm:
+            self.records.append(res)
+        self.frame += 1
+
+    def warm_up(self) -> None:
+        while self.frame < self.warm:
+            self.step()
+
+    def record(self) -> dict:
+        close = getattr(self.engine, "close", None)
+        if close:
+            close()
+        return summarize(self.records, self.ec, self.workload, self.model.config.action_horizon, self.engine,
+                         self.heads)
+
+
 def run_point(model: Pi05Model, ec: EngineConfig, workload: Workload, frames: int, seed: int = 0,
               heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> dict:
     """Measure ``frames`` frames after warm-up; returns one JSON-able record.
 
     ``on_frame`` sees every frame's result, warm-up included (progress bars, traces)."""
-    engine = build_engine(model, ec, heads=heads)
-    obs = dummy_observation(model, 1, prompt_len=min(model.config.max_token_len, PROMPT_LEN))
-    horizon = model.config.action_horizon
-    warm = warmup_frames(ec, workload)
-    schedule = workload.schedule(warm + frames)
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    noise = torch.randn(1, horizon, model.config.action_dim, generator=gen).to(model.device)
-    records = []
+    run = PointRun(model, ec, workload, frames, seed, heads, on_frame)
+    while not run.done:
+        run.step()
+    return run.record()
+
+
+def run_interleaved(model: Pi05Model, plan: list[tuple[EngineConfig, Workload]], frames: int, seed: int = 0,
+                    heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> list[dict]:
+    """Several points measured round-robin, one frame each in turn after every point's warm-up, so slow drift of
+    the machine (frequency, neighbours on a shared host) affects every engine alike. Records in plan order."""
+    runs = [PointRun(model, ec, wl, frames, seed, heads, on_frame) for ec, wl in plan]
+    for run in runs:
+        run.warm_up()
+    while not all(run.done for run in runs):
+        for run in runs:
+            if not run.done:
+                run.step()
+    return [run.record() for run in runs]
+
+
+def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, horizon: int, engine,
+              heads=None) -> dict:
+    """The paper's metrics over the measured frames of one point."""
     deadline = ec.deadline_s
-    for f, reqs in enumerate(schedule):
-        res = engine.step(Frame(obs, reqs, noise))
-        if on_frame is not None:
-            on_frame(res)
-        if f >= warm:
-            records.append(res)
-    close = getattr(engine, "close", None)
-    if close:
-        close()
     total = sum(r.timings["frame"] for r in records)
     frame_times = sorted(r.timings["frame"] for r in records)
     batches = [b for r in records for b in r.batch_sizes]
@@ -73,6 +119,8 @@ def run_point(model: Pi05Model, ec: EngineConfig, workload: Workload, frames: in
         "frame_ms_p99": 1e3 * frame_times[min(len(frame_times) - 1, int(0.99 * len(frame_times)))],
         "stage_ms": {s: 1e3 * v for s, v in stage.items()},
         "manager_share": stage["manager"] / stage["frame"],
+        # frame time not spent in a measured stage: what the engine adds beyond the model's work
+        "unaccounted_share": 1 - sum(v for k, v in stage.items() if k != "frame") / stage["frame"],
         "decode_steps_per_frame": statistics.mean(r.decode_steps for r in records),
         "batch_mean": statistics.mean(batches) if batches else 0.0,
         "batch_max": max(batches, default=0),
