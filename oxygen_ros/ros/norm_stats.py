@@ -136,17 +136,21 @@ class Normalizer:
     def identity(self) -> bool:
         return self.stats is None
 
+    def _affine(self, s: Stats, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """(center, scale) with normalised = (x - center) / scale for the first n dims."""
+        if self.mode == "quantile":  # [q01, q99] -> [-1, 1]
+            half = (s.q99[:n] - s.q01[:n] + EPS) / 2.0
+            return s.q01[:n] + half, half
+        return s.mean[:n], s.std[:n] + EPS
+
     def _forward(self, x: np.ndarray, s: Stats | None) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
         if s is None:
             return x
         n = min(x.shape[-1], s.dim)
+        center, scale = self._affine(s, n)
         out = x.copy()
-        if self.mode == "quantile":
-            lo, hi = s.q01[:n], s.q99[:n]
-            out[..., :n] = (x[..., :n] - lo) / (hi - lo + EPS) * 2.0 - 1.0
-        else:
-            out[..., :n] = (x[..., :n] - s.mean[:n]) / (s.std[:n] + EPS)
+        out[..., :n] = (x[..., :n] - center) / scale
         return out
 
     def _inverse(self, x: np.ndarray, s: Stats | None) -> np.ndarray:
@@ -154,12 +158,9 @@ class Normalizer:
         if s is None:
             return x
         n = min(x.shape[-1], s.dim)
+        center, scale = self._affine(s, n)
         out = x.copy()
-        if self.mode == "quantile":
-            lo, hi = s.q01[:n], s.q99[:n]
-            out[..., :n] = (x[..., :n] + 1.0) / 2.0 * (hi - lo + EPS) + lo
-        else:
-            out[..., :n] = x[..., :n] * (s.std[:n] + EPS) + s.mean[:n]
+        out[..., :n] = x[..., :n] * scale + center
         return out
 
     def normalize_state(self, state: np.ndarray) -> np.ndarray:
