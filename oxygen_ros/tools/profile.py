@@ -40,8 +40,9 @@ def dummy_observation(model: Pi05Model, batch: int = 1, prompt_len: int | None =
 
 
 def profile_stages(model: Pi05Model, batches: list[int], repeats: int = 5, decode_context: int = 30,
-                   prompt_len: int | None = None) -> dict:
-    """Median seconds of prefill, full denoise and one decode step per batch size."""
+                   prompt_len: int | None = None, lora=None) -> dict:
+    """Median seconds of prefill, full denoise and one decode step per batch size (and with ``lora``, a
+    ``LoraAdapter`` applied to every row, the same decode steps with the adapter)."""
     cfg, dev = model.config, model.device
     obs = dummy_observation(model, 1, prompt_len)
     max_b = max(batches)
@@ -56,16 +57,21 @@ def profile_stages(model: Pi05Model, batches: list[int], repeats: int = 5, decod
     cache.v[:, 1:max_b] = cache.v[:, :1]
     cache.valid[1:max_b] = cache.valid[:1]
     cache.valid[:, prefix.length:prefix.length + decode_context] = True
-    decode = {}
+    decode, decode_lora = {}, {}
     for b in progress_bar(batches, desc="decode batch sizes", leave=False):
         idx = torch.full((b,), prefix.length + decode_context, device=dev)
         pos = prefix.num_valid.expand(b) + decode_context
         tokens = torch.full((b,), 5, device=dev)
-        decode[b] = median_time(
-            lambda b=b, idx=idx, pos=pos, tokens=tokens: model.decode_step(
-                cache, slice(0, b), tokens, pos, idx, prefix.length + decode_context + 1),
-            repeats, dev)
+        for table, adapter in ((decode, None), (decode_lora, lora)) if lora is not None else ((decode, None),):
+            if adapter is not None:
+                adapter.row_mask = None  # every row adapted
+            table[b] = median_time(
+                lambda b=b, idx=idx, pos=pos, tokens=tokens, adapter=adapter: model.decode_step(
+                    cache, slice(0, b), tokens, pos, idx, prefix.length + decode_context + 1, adapter),
+                repeats, dev)
+    extra = {"decode_step_lora_s": decode_lora} if lora is not None else {}
     return {
+        **extra,
         "prefix_tokens": prefix.length,
         "prefill_s": prefill_s,
         "denoise_s": denoise_s,
@@ -92,6 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--prompt-len", type=int, default=None, help="valid prompt tokens (default: max_token_len)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--no-onednn", action="store_true", help="keep plain F.linear on CPU (default: oneDNN)")
+    ap.add_argument("--lora-rank", type=int, default=0,
+                    help="also time decode steps with a random suffix LoRA of this rank on every projection")
     ap.add_argument("--json", default=None, help="also write the result to this JSON file")
     args = ap.parse_args(argv)
     if args.threads:
@@ -101,7 +109,13 @@ def main(argv: list[str] | None = None) -> None:
     cfg = get_config(args.config, args.preset)
     model = init_random_weights(Pi05Model(cfg)).to(device=device, dtype=dtype).eval()
     onednn = device.type == "cpu" and dtype == torch.float32 and not args.no_onednn and use_onednn(model) > 0
-    res = profile_stages(model, args.batches, args.repeats, prompt_len=args.prompt_len)
+    lora = None
+    if args.lora_rank:
+        from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
+
+        weights = random_lora_weights(model, r=args.lora_rank, modules=TARGETS)
+        lora = LoraAdapter({k: (a.to(device, dtype), b.to(device, dtype)) for k, (a, b) in weights.items()}, 2.0)
+    res = profile_stages(model, args.batches, args.repeats, prompt_len=args.prompt_len, lora=lora)
     res.update(config=cfg.name, preset=args.preset, device=str(device), dtype=str(dtype).replace("torch.", ""),
                parameters=model.num_parameters(), onednn_linear=onednn, peak_memory_bytes=peak_memory_bytes(device),
                machine=platform.processor() or platform.machine(), threads=torch.get_num_threads())
@@ -112,6 +126,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"  denoise (S={cfg.num_steps:2d})     {d * 1e3:9.2f} ms   prefill/denoise = {p / d:.2f}")
     for b, t in res["decode_step_s"].items():
         print(f"  decode step B={b:<3d} {t * 1e3:9.2f} ms   /prefill = {t / p:.3f}   per row {t / b * 1e3:.2f} ms")
+    for b, t in res.get("decode_step_lora_s", {}).items():
+        base = res["decode_step_s"][b]
+        print(f"  + LoRA r={args.lora_rank:<3d} B={b:<3d} {t * 1e3:7.2f} ms   overhead {100 * (t / base - 1):+.1f}%")
     print(f"  KV cache per slot  {res['kv_cache_bytes_per_slot'] / 2**20:9.2f} MiB")
     print(f"  peak memory        {res['peak_memory_bytes'] / 2**30:9.2f} GiB")
     if args.json:
