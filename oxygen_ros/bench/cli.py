@@ -3,7 +3,8 @@
     oxygen-bench --config small --engines isolated shared_kv oxygen --N 30 --k 1 5 --frames 20 --out runs/bench
 
 Every point of one invocation runs in the same process on the same model, and the measured frames of all points are
-interleaved round-robin (after each point's warm-up), so ratios are measured side by side under the same conditions.
+interleaved round-robin (after each point's warm-up), so ratios are measured side by side under the same conditions
+(the ``parallel`` baseline runs on its own afterwards: its worker thread's OpenMP team keeps spinning after a frame).
 Stage costs (prefill, denoise, decode step per batch size) are profiled in the same run and used to predict
 each engine's frame time from the work it must do.
 """
@@ -19,7 +20,7 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.bench.progress import progress_bar
-from oxygen_ros.bench.runner import PROMPT_LEN, machine_info, run_interleaved, warmup_frames
+from oxygen_ros.bench.runner import PROMPT_LEN, machine_info, run_interleaved, run_point, warmup_frames
 from oxygen_ros.engine import Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
 from oxygen_ros.engine.cpu_kernels import use_onednn
@@ -118,7 +119,15 @@ def main(argv: list[str] | None = None) -> None:
                 plan.append((ec, wl))
     total_frames = sum(warmup_frames(ec, wl) + args.frames for ec, wl in plan)
     with progress_bar(total=total_frames, desc="benchmark frames (interleaved)") as bar:
-        points = run_interleaved(model, plan, args.frames, args.seed, heads=heads, on_frame=lambda _: bar.update(1))
+        tick = lambda _: bar.update(1)  # noqa: E731
+        # the parallel baseline's worker thread leaves its own OpenMP team spinning after each frame, which would
+        # slow whichever engine runs next: it is measured on its own, after the interleaved points
+        shared = [(ec, wl) for ec, wl in plan if ec.mode != "parallel"]
+        alone = [(ec, wl) for ec, wl in plan if ec.mode == "parallel"]
+        records = run_interleaved(model, shared, args.frames, args.seed, heads=heads, on_frame=tick)
+        records += [run_point(model, ec, wl, args.frames, args.seed, heads=heads, on_frame=tick) for ec, wl in alone]
+        order = [id(ec) for ec, _ in shared + alone]
+        points = [records[order.index(id(ec))] for ec, _ in plan]
     for point in points:
         point["predicted_frame_ms"] = 1e3 * predict_frame_s(point, profile)
         point["measured_over_predicted"] = point["frame_ms_mean"] / point["predicted_frame_ms"]
