@@ -35,13 +35,23 @@ def stamp_to_ns(stamp) -> int:
     return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
-@dataclass(frozen=True)
+@dataclass
 class CameraImage:
-    """A decoded camera image ready for the model."""
+    """A decoded, validated camera image. The resize to the model's input happens once, when a control frame
+    first uses it: cameras usually publish faster than the control rate, and most images are never used."""
 
-    pixels: np.ndarray  # float32 [3, S, S] in [-1, 1]
+    rgb: np.ndarray  # uint8 [H, W, 3]
     stamp_ns: int  # header stamp
     received: float  # monotonic arrival time (for latency)
+    size: int  # model image size
+    _pixels: np.ndarray | None = None
+
+    @property
+    def pixels(self) -> np.ndarray:
+        """float32 [3, S, S] in [-1, 1]."""
+        if self._pixels is None:
+            self._pixels = preprocess(self.rgb, self.size)
+        return self._pixels
 
 
 @dataclass(frozen=True)
@@ -131,11 +141,9 @@ class InputStore:
         return self._store(index, rgb, msg.header.stamp)
 
     def _store(self, index: int, rgb: np.ndarray, stamp) -> bool:
-        try:
-            pixels = preprocess(rgb, self.image_size)
-        except (ImageError, ValueError) as e:  # e.g. a degenerate aspect ratio
-            return self._reject("image_bad_data", f"{self.camera_names[index]}: {e}")
-        image = CameraImage(pixels, stamp_to_ns(stamp), self._clock())
+        if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8 or 0 in rgb.shape:
+            return self._reject("image_bad_data", f"{self.camera_names[index]}: not an RGB uint8 image")
+        image = CameraImage(rgb, stamp_to_ns(stamp), self._clock(), self.image_size)
         with self._lock:
             self._images[index] = image
         return True
