@@ -143,38 +143,29 @@ class Normalizer:
             return s.q01[:n] + half, half
         return s.mean[:n], s.std[:n] + EPS
 
-    def _forward(self, x: np.ndarray, s: Stats | None) -> np.ndarray:
+    def _map(self, x: np.ndarray, s: Stats | None, inverse: bool = False) -> np.ndarray:
+        """Normalise (or, ``inverse``, unnormalise) the first dims covered by ``s``; the rest pass through."""
         x = np.asarray(x, dtype=np.float64)
         if s is None:
             return x
         n = min(x.shape[-1], s.dim)
         center, scale = self._affine(s, n)
         out = x.copy()
-        out[..., :n] = (x[..., :n] - center) / scale
-        return out
-
-    def _inverse(self, x: np.ndarray, s: Stats | None) -> np.ndarray:
-        x = np.asarray(x, dtype=np.float64)
-        if s is None:
-            return x
-        n = min(x.shape[-1], s.dim)
-        center, scale = self._affine(s, n)
-        out = x.copy()
-        out[..., :n] = x[..., :n] * scale + center
+        out[..., :n] = x[..., :n] * scale + center if inverse else (x[..., :n] - center) / scale
         return out
 
     def normalize_state(self, state: np.ndarray) -> np.ndarray:
         """Robot-unit state [..., d] -> normalised (about [-1, 1] for quantile)."""
-        return self._forward(state, None if self.stats is None else self.stats.state)
+        return self._map(state, None if self.stats is None else self.stats.state)
 
     def unnormalize_state(self, state: np.ndarray) -> np.ndarray:
         """Inverse of :meth:`normalize_state`."""
-        return self._inverse(state, None if self.stats is None else self.stats.state)
+        return self._map(state, None if self.stats is None else self.stats.state, inverse=True)
 
     def normalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """Robot-unit actions [..., d] -> model space (used by tests and data tools)."""
-        return self._forward(actions, None if self.stats is None else self.stats.actions)
+        return self._map(actions, None if self.stats is None else self.stats.actions)
 
     def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """Model-space actions [..., A] -> robot units (dimensions beyond the statistics unchanged)."""
-        return self._inverse(actions, None if self.stats is None else self.stats.actions)
+        return self._map(actions, None if self.stats is None else self.stats.actions, inverse=True)
