@@ -16,7 +16,7 @@ from oxygen_ros.train.data import collect, make_batch
 from oxygen_ros.train.evaluate import ClosedLoop, evaluate
 from oxygen_ros.train.losses import _mask_and_positions, sample_time, training_losses
 from oxygen_ros.train.policy import NormStats, episode_noise
-from oxygen_ros.train.recipe import init_toy_model, make_world_tokenizer, toy_config
+from oxygen_ros.train.recipe import init_toy_model, make_world_tokenizer, sincos_2d, toy_config
 from oxygen_ros.train.train import TrainConfig, train
 
 MODEL_DIR = Path(__file__).resolve().parents[1] / "models" / "toy"
@@ -150,3 +150,14 @@ def test_committed_model_succeeds_in_closed_loop() -> None:
     m = evaluate(MODEL_DIR, episodes=10, mode="oxygen", progress=False)  # fixed seeds: deterministic
     assert m["success_rate"] >= 0.6, {k: v for k, v in m.items() if k != "per_episode"}
     assert m["memory_exact_match"] >= 0.7, {k: v for k, v in m.items() if k != "per_episode"}
+
+
+def test_fixed_vision_positions_are_frozen_sincos() -> None:
+    cfg = toy_config()
+    grid = cfg.vision.image_size // cfg.vision.patch_size
+    table = sincos_2d(grid, cfg.vision.width)
+    assert table.shape == (cfg.vision.tokens_per_image, cfg.vision.width)
+    assert len({tuple(r) for r in table.round(decimals=4).tolist()}) == grid * grid  # every patch distinct
+    pos = init_toy_model(cfg).paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings
+    assert not pos.position_embedding.weight.requires_grad
+    torch.testing.assert_close(pos.position_embedding.weight.detach(), table)
