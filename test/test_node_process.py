@@ -170,11 +170,11 @@ def test_sigint_stops_the_node_cleanly(node, probe) -> None:
 def test_bag_replay_drives_the_node_with_sim_time(tmp_path) -> None:
     make_demo_bag = pytest.importorskip("oxygen_ros.tools.make_demo_bag")
     replay_bag = pytest.importorskip("oxygen_ros.tools.replay_bag")
-    bag = make_demo_bag.make_demo_bag(tmp_path / "bag", duration_s=4.0, rate_hz=10.0,
+    bag = make_demo_bag.make_demo_bag(tmp_path / "bag", duration_s=6.0, rate_hz=10.0,
                                       cameras=[c for c, _ in CAMERAS], size=48, joint_names=JOINTS,
                                       progress=False)
     start = make_demo_bag.START_TIME_NS
-    bag_stamps = {start + k * 100_000_000 for k in range(40)}
+    bag_stamps = {start + k * 100_000_000 for k in range(60)}
     domain = DOMAIN + 100
     proc = NodeProcess(DEMO_CONFIG, {"use_sim_time": True, "control_rate_hz": RATE_HZ, "max_new_tokens": 4,
                                      "k": 2, "max_image_age_s": 0.5}, domain_id=domain).start()
@@ -184,9 +184,10 @@ def test_bag_replay_drives_the_node_with_sim_time(tmp_path) -> None:
         with replay_bag.BagReplayer(bag, clock=True, context=probe.context, wait_for_subscribers=5.0) as player:
             stats = player.run(max_duration=15.0)
         assert not stats.interrupted and stats.clock_published > 0
-        assert probe.wait_for(lambda: len(probe.language()) >= 2, 3)
+        assert probe.wait_for(lambda: len(probe.language()) >= 2, 10)
         chunks = probe.chunks()
-        # 4 s of bag time at 5 Hz; startup and the first ticks without a complete input set cost a few frames
+        # 6 s of bag time at 5 Hz (slack for a busy CI machine); startup and the first ticks without a complete
+        # input set cost a few frames
         assert len(chunks) >= 8, (len(chunks), proc.output())
         # the bag is years in the past: chunks exist only because the node's clock follows /clock
         assert all(header_ns(c) in bag_stamps for c in chunks), [header_ns(c) - start for c in chunks]

@@ -161,3 +161,23 @@ def warm_up(p: NodeParams, loaded: LoadedModel, frames: int = 2) -> float:
         result = engine.step(Frame(obs, [request]))
         last = result.timings.get("frame", 0.0)
     return last
+
+
+class RequestPrompt:
+    """The prompt tokens of a language request for an instruction: ``request_prompt`` formatted with the
+    instruction when set, else the task's built-in prompt; cut to ``max_prompt_tokens``, cached per instruction."""
+
+    def __init__(self, params: NodeParams, tokenizer: PromptTokenizer) -> None:
+        self._params, self._tok = params, tokenizer
+        self._cache: tuple[str, list[int]] | None = None
+
+    def tokens(self, instruction: str) -> list[int]:
+        if self._cache is not None and self._cache[0] == instruction:
+            return self._cache[1]
+        p = self._params
+        if p.request_prompt:
+            tokens = self._tok.encode(p.request_prompt.format(instruction=instruction))[: p.max_prompt_tokens]
+        else:
+            tokens = self._tok.tokenize_request(p.request_task, None, max_len=p.max_prompt_tokens)
+        self._cache = (instruction, tokens)
+        return tokens

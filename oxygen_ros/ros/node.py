@@ -49,7 +49,7 @@ from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 
 from .diagnostics import NodeStats
-from .model_loader import LoadedModel, build_node_engine, load_model, warm_up
+from .model_loader import LoadedModel, RequestPrompt, build_node_engine, load_model, warm_up
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
 from .params import PARAMS, NodeParams, validate
 from .publishers import ActionPostprocessor, language_output, make_action_chunk, make_trajectory
@@ -111,7 +111,7 @@ class OxygenNode(LifecycleNode):
         self._action_pub = self._language_pub = self._trajectory_pub = None
         self._control_timer = None
         self._processed = 0
-        self._request_cache: tuple[str, list[int]] | None = None
+        self._request_prompt: RequestPrompt | None = None
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -164,6 +164,7 @@ class OxygenNode(LifecycleNode):
             raise ValueError(f"action_names: {len(p.robot_action_names)} dims but the model action dim is "
                              f"{cfg.action_dim}")
         self.params = p
+        self._request_prompt = RequestPrompt(p, loaded.tokenizer)
         self._store = InputStore(p.camera_names, cfg.vision.image_size, p.joint_names, self.stats.rejected_inputs,
                                  p.max_image_pixels, p.max_instruction_chars, p.instruction)
         self._builder = ObservationBuilder(self._store, cfg.camera_names, loaded.tokenizer, loaded.normalizer,
@@ -283,7 +284,8 @@ class OxygenNode(LifecycleNode):
                                            "max_token_len; the prompt end is cut")
         requests = []
         if p.request_every_n_frames and self._processed % p.request_every_n_frames == 0:
-            requests.append(LanguageRequest(p.request_task, p.max_new_tokens, self._request_tokens(built.instruction)))
+            prompt = self._request_prompt.tokens(built.instruction)
+            requests.append(LanguageRequest(p.request_task, p.max_new_tokens, prompt))
         frame = Frame(built.observation, requests, stamp=built.stamp_ns)
         latency: list[float] = []
         try:
@@ -316,18 +318,6 @@ class OxygenNode(LifecycleNode):
         if self._trajectory_pub is not None:
             self._trajectory_pub.publish(make_trajectory(actions, p.robot_action_names, dt))
         return latency
-
-    def _request_tokens(self, instruction: str) -> list[int]:
-        """Prompt tokens of a language request (cached per instruction)."""
-        if self._request_cache is not None and self._request_cache[0] == instruction:
-            return self._request_cache[1]
-        p, tok = self.params, self._loaded.tokenizer
-        if p.request_prompt:
-            tokens = tok.encode(p.request_prompt.format(instruction=instruction))[: p.max_prompt_tokens]
-        else:
-            tokens = tok.tokenize_request(p.request_task, None, max_len=p.max_prompt_tokens)
-        self._request_cache = (instruction, tokens)
-        return tokens
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def _publish_diagnostics(self) -> None:

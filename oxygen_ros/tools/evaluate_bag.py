@@ -55,7 +55,13 @@ from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, PromptTokenizer
 from oxygen_ros.ros.diagnostics import ReasonCounter
-from oxygen_ros.ros.model_loader import NORM_STATS_NAME, build_node_engine, load_model, resolve_device
+from oxygen_ros.ros.model_loader import (
+    NORM_STATS_NAME,
+    RequestPrompt,
+    build_node_engine,
+    load_model,
+    resolve_device,
+)
 from oxygen_ros.ros.norm_stats import NORMALIZATIONS
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip
 from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, REQUEST_TASKS, NodeParams
@@ -397,16 +403,7 @@ def evaluate_bag(
             elif topic == instruction_topic:
                 store.on_instruction(msg)
 
-        builtin_prompt = tok.tokenize_request(task, None, max_len=max_prompt_tokens) if not request_prompt else []
-        prompt_cache: dict[str, list[int]] = {}
-
-        def request_tokens(instr: str) -> list[int]:
-            """The request prompt for the current instruction (the node's rule: template, else the task's)."""
-            if not request_prompt:
-                return builtin_prompt
-            if instr not in prompt_cache:
-                prompt_cache[instr] = tok.encode(request_prompt.format(instruction=instr))[:max_prompt_tokens]
-            return prompt_cache[instr]
+        request_prompt_tokens = RequestPrompt(p, tok)  # the node's rule and cache
 
         dt_s = 1.0 / (action_rate_hz if action_rate_hz > 0 else horizon * rate_hz)
         start_ns, last_ns = reader.start_time, reader.end_time - 1  # rosbags' end_time is exclusive
@@ -443,7 +440,7 @@ def evaluate_bag(
                 frame_index = engine.frame_index
                 gen = torch.Generator().manual_seed(seed + frame_index)
                 noise = torch.randn(1, horizon, action_dim, generator=gen).to(dev, torch_dtype)
-                new = [LanguageRequest(task, max_new_tokens, list(request_tokens(built.instruction)))] \
+                new = [LanguageRequest(task, max_new_tokens, list(request_prompt_tokens.tokens(built.instruction)))] \
                     if request_every and frame_index % request_every == 0 else []
                 issued += len(new)
                 t_actions: list[float] = []
