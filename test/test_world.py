@@ -134,3 +134,24 @@ def test_sub_pixel_motion_changes_pixels() -> None:
     before = world.render(CAMERAS[0])
     world.state.block_xy[0] += 0.003  # a fifth of a pixel at 64 px
     assert not np.array_equal(before, world.render(CAMERAS[0]))
+
+
+def test_grid_layout_puts_objects_in_distinct_cells() -> None:
+    cfg = WorldConfig()
+    for seed in range(50):
+        s = TabletopWorld(cfg, seed).state
+        xy = np.concatenate([s.plate_xy, s.block_xy])
+        cells = np.floor(xy * cfg.grid).astype(int)
+        assert len({tuple(c) for c in cells}) == len(xy)  # one object per cell
+        assert np.abs(xy - (cells + 0.5) / cfg.grid).max() <= cfg.jitter + 1e-12
+        assert set(s.block_colors) <= set(cfg.block_palette) and set(s.plate_colors) <= set(cfg.plate_palette)
+
+
+def test_scattered_layout_keeps_clearances() -> None:
+    cfg = WorldConfig(grid=0, block_palette=("red", "green", "blue"), plate_palette=("blue", "yellow", "red"))
+    for seed in range(50):
+        w = TabletopWorld(cfg, seed)
+        s = w.state
+        assert np.linalg.norm(s.plate_xy[0] - s.plate_xy[1]) > 2 * cfg.plate_radius
+        assert all(np.linalg.norm(b - p) > cfg.plate_radius for b in s.block_xy for p in s.plate_xy)
+        assert run_expert(TabletopWorld(cfg), seed)

@@ -5,7 +5,10 @@ end effector's x, y, its height z (0 = at the table, 1 = fully raised) and the g
 action is the next target of those four joints; the world moves towards it under speed limits, closes the gripper
 when the command is above 0.5, grasps the block under the fingers when it closes low enough, and drops the held
 block where it is when it opens. A task is "put the <colour> block on the <colour> plate"; it succeeds when that
-block rests (released) on that plate.
+block rests (released) on that plate. Objects start in distinct cells of a ``grid`` x ``grid`` table (one cell = one
+16 px patch of the 64 px top view), a little off the cell centre; blocks and plates take colours from their own
+palettes, so every scene holds a red and a green block, a blue and a yellow plate (``grid=0`` and wider palettes give
+free layouts and colour clashes, a harder world than the toy model is trained for).
 
 Everything is a pure function of the seed and the actions, so a ROS node can wrap it: ``reset(seed)``,
 ``observation()`` (camera images + joint state), ``step(chunk)``, ``instruction``, ``success``, ``memory_text()``.
@@ -42,6 +45,10 @@ class WorldConfig:
     grasp_radius: float = 0.045
     grasp_height: float = 0.15
     wrist_half_width: tuple[float, float] = (0.1, 0.25)  # wrist camera field (half width) at z = 0 and z = 1
+    block_palette: tuple[str, ...] = ("red", "green")  # colours blocks are drawn from (see render.COLORS)
+    plate_palette: tuple[str, ...] = ("blue", "yellow")  # colours plates are drawn from
+    grid: int = 4  # blocks and plates start in distinct cells of a grid x grid table (0: anywhere, with clearances)
+    jitter: float = 0.01  # largest offset of an object from its cell centre
 
 
 @dataclass
@@ -89,12 +96,28 @@ class TabletopWorld:
     def _layout(self, seed: int) -> WorldState:
         cfg = self.config
         rng = np.random.default_rng(seed)
-        block_colors = tuple(rng.choice(COLOR_NAMES, cfg.num_blocks, replace=False).tolist())
-        plate_colors = tuple(rng.choice(COLOR_NAMES, cfg.num_plates, replace=False).tolist())
+        block_colors = tuple(rng.choice(cfg.block_palette, cfg.num_blocks, replace=False).tolist())
+        plate_colors = tuple(rng.choice(cfg.plate_palette, cfg.num_plates, replace=False).tolist())
+        if cfg.grid:
+            cells = rng.choice(cfg.grid * cfg.grid, cfg.num_plates + cfg.num_blocks, replace=False)
+            centres = (np.stack([cells % cfg.grid, cells // cfg.grid], 1) + 0.5) / cfg.grid
+            xy = centres + rng.uniform(-cfg.jitter, cfg.jitter, centres.shape)
+            plates, blocks = list(xy[:cfg.num_plates]), list(xy[cfg.num_plates:])
+        else:
+            plates, blocks = self._scatter(rng)
+        ee = np.array([*rng.uniform(0.2, 0.8, 2), 1.0])
+        return WorldState(
+            block_colors, plate_colors, np.array(blocks), np.array(plates), ee, False, -1, np.zeros(2),
+            int(rng.integers(cfg.num_blocks)), int(rng.integers(cfg.num_plates)),
+        )
+
+    def _scatter(self, rng: np.random.Generator) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Plate and block centres anywhere on the table, by rejection sampling with clearances."""
+        cfg = self.config
         plates: list[np.ndarray] = []
         blocks: list[np.ndarray] = []
         r = cfg.plate_radius
-        while len(plates) < cfg.num_plates:  # rejection sampling with clearances
+        while len(plates) < cfg.num_plates:
             p = rng.uniform(0.1 + r, 0.9 - r, 2)
             if all(np.linalg.norm(p - q) > 2 * r + 0.06 for q in plates):
                 plates.append(p)
@@ -104,11 +127,7 @@ class TabletopWorld:
                 np.linalg.norm(b - q) > 0.15 for q in blocks
             ):
                 blocks.append(b)
-        ee = np.array([*rng.uniform(0.2, 0.8, 2), 1.0])
-        return WorldState(
-            block_colors, plate_colors, np.array(blocks), np.array(plates), ee, False, -1, np.zeros(2),
-            int(rng.integers(cfg.num_blocks)), int(rng.integers(cfg.num_plates)),
-        )
+        return plates, blocks
 
     def clone(self) -> TabletopWorld:
         """An independent copy (the expert plans by simulating one)."""
