@@ -18,6 +18,7 @@ from oxygen_ros.engine import Observation
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, expert_chunk, expert_subtask
 
+from .object_maps import object_maps
 from .policy import NormStats, images_to_model, prompt_batch
 
 __all__ = ["LANGUAGE_TASKS", "Batch", "Demonstrations", "collect", "make_batch"]
@@ -34,6 +35,7 @@ class Demonstrations:
     memories: np.ndarray  # str [N]
     subtasks: np.ndarray  # str [N] expert's subtask with goal coordinates (co-training text)
     episodes: np.ndarray  # int64 [N] episode seed
+    object_maps: np.ndarray  # uint8 [N, C, patches, classes] objects per image patch (auxiliary loss target)
 
     def __len__(self) -> int:
         return int(self.states.shape[0])
@@ -48,7 +50,7 @@ class Demonstrations:
 
 
 def _episode(world: TabletopWorld, seed: int, horizon: int, rng: np.random.Generator, noise_xy: float,
-             slip_prob: float, steps_after_success: int) -> list[tuple]:
+             slip_prob: float, steps_after_success: int, patch_px: int) -> list[tuple]:
     world.reset(seed)
     sigma = rng.uniform(0.0, noise_xy)
     slip = slip_prob if rng.random() < 0.5 else 0.0
@@ -57,7 +59,7 @@ def _episode(world: TabletopWorld, seed: int, horizon: int, rng: np.random.Gener
         obs = world.observation()
         chunk = expert_chunk(world, horizon)
         rows.append((np.stack([obs.images[c] for c in CAMERAS]), obs.state, chunk, obs.instruction,
-                     world.memory_text(), expert_subtask(world)))
+                     world.memory_text(), expert_subtask(world), object_maps(world, patch_px)))
         a = chunk[0].astype(np.float64)
         a[:2] += rng.normal(0.0, sigma, 2)
         a[2] += rng.normal(0.0, sigma * 2.0)
@@ -70,20 +72,21 @@ def _episode(world: TabletopWorld, seed: int, horizon: int, rng: np.random.Gener
 
 def collect(num_episodes: int, first_seed: int = 0, horizon: int = 8, config: WorldConfig | None = None,
             noise_xy: float = 0.03, slip_prob: float = 0.02, steps_after_success: int = 4,
-            progress: bool = True) -> Demonstrations:
-    """Run the noisy expert on seeds first_seed .. first_seed + num_episodes - 1 and record every step."""
+            progress: bool = True, patch_px: int = 16) -> Demonstrations:
+    """Run the noisy expert on seeds first_seed .. first_seed + num_episodes - 1 and record every step
+    (``patch_px``: the model's patch size, for the object maps)."""
     world = TabletopWorld(config)
     rows: list[tuple] = []
     episodes: list[int] = []
     for seed in tqdm(range(first_seed, first_seed + num_episodes), desc="demonstrations", disable=not progress):
         ep = _episode(world, seed, horizon, np.random.default_rng([seed, 17]), noise_xy, slip_prob,
-                      steps_after_success)
+                      steps_after_success, patch_px)
         rows += ep
         episodes += [seed] * len(ep)
-    images, states, actions, instructions, memories, subtasks = zip(*rows, strict=True)
+    images, states, actions, instructions, memories, subtasks, maps = zip(*rows, strict=True)
     return Demonstrations(np.stack(images), np.stack(states).astype(np.float32), np.stack(actions),
                           np.array(instructions), np.array(memories), np.array(subtasks),
-                          np.array(episodes, dtype=np.int64))
+                          np.array(episodes, dtype=np.int64), np.stack(maps))
 
 
 @dataclass
@@ -94,6 +97,7 @@ class Batch:
     actions: torch.Tensor  # float32 [B, H, A]
     # task -> (int64 [B, T] request prompt + text + EOS zero-padded, bool [B, T] True where the token is a target)
     language: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    object_maps: torch.Tensor | None = None  # float32 [B, C * patches, classes] (auxiliary loss target)
 
 
 def _token_stream(texts: list[str], prompt: list[int], tok: PromptTokenizer, cache: dict[str, list[int]]):
@@ -121,10 +125,13 @@ def make_batch(demos: Demonstrations, index: np.ndarray, tok: PromptTokenizer, s
     states = demos.states[index]
     norm_states = stats.normalize_state(states)
     ids, mask = prompt_batch(tok, demos.instructions[index].tolist(), norm_states)
+    width = int(mask.sum(1).max())  # padding past the longest prompt is masked out anyway: skip computing it
+    ids, mask = ids[:, :width], mask[:, :width]
     obs = Observation(images_to_model(demos.images[index]), torch.ones(len(index), len(CAMERAS), dtype=torch.bool),
                       ids, mask, torch.from_numpy(norm_states))
     actions = stats.actions_to_model(demos.actions[index], states)
     actions = np.pad(actions, ((0, 0), (0, 0), (0, action_dim - actions.shape[-1])))
     language = {task: _token_stream(getattr(demos, LANGUAGE_TASKS[task])[index].tolist(),
                                     tok.tokenize_request(task), tok, cache) for task in tasks}
-    return Batch(obs, torch.from_numpy(actions).float(), language)
+    maps = torch.from_numpy(demos.object_maps[index]).float().flatten(1, 2)
+    return Batch(obs, torch.from_numpy(actions).float(), language, maps)

@@ -45,13 +45,19 @@ def _mask_and_positions(valid: torch.Tensor, lang_lens: list[int], horizon: int,
     return see[None] & pad[:, None, :], positions
 
 
-def training_losses(model: Pi05Model, batch: Batch, num_noise: int = 2,
-                    gen: torch.Generator | None = None) -> dict[str, torch.Tensor]:
+def training_losses(model: Pi05Model, batch: Batch, num_noise: int = 2, gen: torch.Generator | None = None,
+                    object_head: torch.nn.Module | None = None) -> dict[str, torch.Tensor]:
     """Flow-matching action loss (openpi: x_t = t * noise + (1 - t) * actions, target u = noise - actions,
-    MSE against the expert's velocity prediction) and one cross-entropy per language stream (teacher forcing)."""
+    MSE against the expert's velocity prediction), one cross-entropy per language stream (teacher forcing) and, with
+    ``object_head`` (a training-only probe, see :mod:`.object_maps`), the per-patch object loss on the image tokens."""
     obs, actions = batch.observation, batch.actions
     b, h, _ = actions.shape
     prefix, valid = model.embed_prefix(obs)
+    losses = {}
+    if object_head is not None and batch.object_maps is not None:
+        maps = batch.object_maps
+        logits = object_head(prefix[:, : maps.shape[1]].float())  # image tokens come first in the prefix
+        losses["objects"] = F.binary_cross_entropy_with_logits(logits, maps)
     streams = [(prefix, model.backbone, None)]
     streams += [(model.embed_tokens(tokens), model.backbone, None) for tokens, _ in batch.language.values()]
     targets = []
@@ -67,7 +73,7 @@ def training_losses(model: Pi05Model, batch: Batch, num_noise: int = 2,
     out = model.joint_forward(streams, mask, positions)
     n = len(lang_lens)
     v = torch.stack([model.action_out_proj(o) for o in out[1 + n:]])
-    losses = {"action": F.mse_loss(v.float(), torch.stack(targets))}
+    losses["action"] = F.mse_loss(v.float(), torch.stack(targets))
     # Language: the output at token i predicts token i + 1; only the text after the request prompt (and EOS) counts.
     for (task, (tokens, is_target)), hidden in zip(batch.language.items(), out[1:1 + n], strict=True):
         logits = model.lm_logits(hidden[:, :-1]).float()

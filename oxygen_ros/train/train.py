@@ -1,6 +1,6 @@
 """Train the toy pi0.5 on expert demonstrations of the tabletop world (CPU, minutes).
 
-    python -m oxygen_ros.train.train --out models/toy [--episodes 1200 --steps 5000 --threads 2]
+    python -m oxygen_ros.train.train --out oxygen_ros/models/toy [--episodes 1200 --steps 5000 --threads 2]
 
 Writes ``model.safetensors`` + ``config.json`` (the toy config), ``tokenizer.model``, ``norm_stats.json`` and
 ``train_log.json`` into ``--out``: the directory the engine, the evaluation and the ROS node load.
@@ -25,6 +25,7 @@ from oxygen_ros.world import WorldConfig
 
 from .data import Demonstrations, collect, make_batch
 from .losses import training_losses
+from .object_maps import OBJECT_CLASSES
 from .policy import NormStats
 from .recipe import ACTION_HORIZON, init_toy_model, make_world_tokenizer, toy_config
 from .validation import validate
@@ -39,17 +40,18 @@ class TrainConfig:
     """Hyper-parameters of one training run (the defaults are the committed model's recipe)."""
 
     out: Path
-    episodes: int = 1200  # expert demonstrations (seeds 0 .. episodes - 1; evaluation uses seeds >= 1_000_000)
-    steps: int = 5000  # about 0.3 s a step on 2 cores (16 px patches); max_minutes shortens it if needed
+    episodes: int = 2000  # expert demonstrations (seeds 0 .. episodes - 1; evaluation uses seeds >= 1_000_000)
+    steps: int = 6000  # about 0.25 s a step on 2 cores (16 px patches); max_minutes shortens it if needed
     batch_size: int = 32
     lr: float = 2e-3
     warmup: int = 100
     weight_decay: float = 1e-4
     num_noise: int = 4  # flow-matching noise samples per example (share one prefix forward)
     lang_weight: float = 1.0  # weight of each language loss (memory, subtask co-training)
+    object_weight: float = 1.0  # weight of the auxiliary per-patch object loss (0: off; see object_maps.py)
     seed: int = 0
     threads: int = 2
-    max_minutes: float = 28.0  # stop (and save) early when the wall-clock budget runs out
+    max_minutes: float = 27.0  # stop (and save) early when the wall-clock budget runs out
     log_every: int = 50
     val_every: int = 500  # open-loop validation on held-out demonstrations (seeds from VAL_FIRST_SEED)
     val_episodes: int = 12
@@ -66,10 +68,10 @@ def _lr(step: int, cfg: TrainConfig) -> float:
     return cfg.lr * (0.05 + 0.95 * 0.5 * (1.0 + math.cos(math.pi * min(1.0, frac))))
 
 
-def _demonstrations(cfg: TrainConfig) -> Demonstrations:
+def _demonstrations(cfg: TrainConfig, patch_px: int) -> Demonstrations:
     if cfg.data is not None and Path(cfg.data).exists():
         return Demonstrations.load(cfg.data)
-    demos = collect(cfg.episodes, horizon=ACTION_HORIZON)
+    demos = collect(cfg.episodes, horizon=ACTION_HORIZON, patch_px=patch_px)
     if cfg.data is not None:
         demos.save(cfg.data)
     return demos
@@ -99,17 +101,23 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     model_cfg = toy_config()
     tok = PromptTokenizer(make_world_tokenizer(out), model_cfg.max_token_len)
-    demos = _demonstrations(cfg)
-    easy = (collect(cfg.easy_episodes, horizon=ACTION_HORIZON, config=WorldConfig(num_blocks=1, num_plates=1))
+    demos = _demonstrations(cfg, model_cfg.vision.patch_size)
+    easy = (collect(cfg.easy_episodes, horizon=ACTION_HORIZON, config=WorldConfig(num_blocks=1, num_plates=1),
+                    patch_px=model_cfg.vision.patch_size)
             if cfg.easy_episodes and cfg.easy_steps else None)
     stats = NormStats.fit(demos.states, demos.actions)
     stats.save(out)
     model = init_toy_model(model_cfg, cfg.seed).train()
+    # Training-only probe on the image tokens (not saved): see object_maps.py.
+    object_head = torch.nn.Linear(model_cfg.backbone.width, len(OBJECT_CLASSES)) if cfg.object_weight else None
     opt = _optimizer(model, cfg)
+    if object_head is not None:
+        opt.add_param_group({"params": list(object_head.parameters()), "weight_decay": 0.0})
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     token_cache: dict[str, list[int]] = {}
-    val = collect(cfg.val_episodes, VAL_FIRST_SEED, ACTION_HORIZON, progress=False)
+    val = collect(cfg.val_episodes, VAL_FIRST_SEED, ACTION_HORIZON, progress=False,
+                  patch_px=model_cfg.vision.patch_size)
     val_index = np.linspace(0, len(val) - 1, min(64, len(val))).round().astype(int)
     val_batch = make_batch(val, val_index, tok, stats, model_cfg.action_dim, token_cache)
     history: list[dict] = []
@@ -124,11 +132,12 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
         source = easy if easy is not None and step < cfg.easy_steps else demos
         batch = make_batch(source, rng.integers(0, len(source), cfg.batch_size), tok, stats, model_cfg.action_dim,
                            token_cache)
-        losses = training_losses(model, batch, cfg.num_noise, gen)
-        loss = losses["action"] + cfg.lang_weight * sum(v for k, v in losses.items() if k != "action")
+        losses = training_losses(model, batch, cfg.num_noise, gen, object_head)
+        loss = losses["action"] + cfg.object_weight * losses.get("objects", 0.0) + cfg.lang_weight * sum(
+            v for k, v in losses.items() if k not in ("action", "objects"))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
         opt.step()
         for k, v in losses.items():
             running[k] = 0.9 * running.get(k, v.item()) + 0.1 * v.item()
