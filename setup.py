@@ -16,6 +16,7 @@ setup(
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),
     ],
+    package_data={"oxygen_ros.models": ["toy/*"]},
     include_package_data=True,
     install_requires=["torch>=2.5", "numpy", "safetensors", "sentencepiece", "transformers", "tqdm"],
     extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml"]},
@@ -33,6 +34,9 @@ setup(
             "oxygen-bench = oxygen_ros.bench.cli:main",
             "oxygen-make-demo-bag = oxygen_ros.tools.make_demo_bag:main",
             "oxygen-replay-bag = oxygen_ros.tools.replay_bag:main",
+            "oxygen-sim = oxygen_ros.ros.sim_node:main",
+            "oxygen-train-toy = oxygen_ros.train.train:main",
+            "oxygen-evaluate-toy = oxygen_ros.train.evaluate:main",
         ],
     },
 )

@@ -1,8 +1,8 @@
 """Launch the oxygen_ros inference node (a lifecycle node; it configures and activates itself unless
 ``autostart:=false``, in which case a lifecycle manager drives it).
 
-    # demo: a tiny random model generated at startup, fed by `python -m oxygen_ros.ros.demo --no-node`
-    ros2 launch oxygen_ros oxygen.launch.py
+    # closed-loop demo: the embedded toy model (config/tabletop.yaml) driving the tabletop simulator
+    ros2 launch oxygen_ros oxygen.launch.py with_sim:=true
     # a real robot
     ros2 launch oxygen_ros oxygen.launch.py \\
         config_file:=$(ros2 pkg prefix oxygen_ros)/share/oxygen_ros/config/libero.yaml \\
@@ -11,7 +11,8 @@
     ros2 launch oxygen_ros oxygen.launch.py use_sim_time:=true
 
 Arguments: config_file, checkpoint_path (overrides the file's when set), use_sim_time, namespace, node_name,
-autostart, trajectory_topic (where ~/trajectory is remapped to), log_level.
+autostart, trajectory_topic (where ~/trajectory is remapped to), log_level, with_sim (also start the tabletop
+simulator node, ``tabletop_sim``, that publishes the cameras, joint states and instruction and executes the chunks).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from launch.actions import DeclareLaunchArgument, OpaqueFunction
 from launch.launch_context import LaunchContext
 from launch.launch_description import LaunchDescription
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
-from launch_ros.actions import LifecycleNode
+from launch_ros.actions import LifecycleNode, Node
 from launch_ros.substitutions import FindPackageShare
 
 PACKAGE = "oxygen_ros"
@@ -30,8 +31,8 @@ EXECUTABLE = "oxygen_node"
 
 # (name, default, description)
 ARGUMENTS: list[tuple[str, Any, str]] = [
-    ("config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "demo.yaml"]),
-     "ROS parameters file (see share/oxygen_ros/config: libero, droid, aloha, humanoid, demo)"),
+    ("config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "tabletop.yaml"]),
+     "ROS parameters file (see share/oxygen_ros/config: tabletop, libero, droid, aloha, humanoid, synthetic)"),
     ("checkpoint_path", "", "pi0.5 checkpoint directory; overrides the config file's checkpoint_path when set"),
     ("use_sim_time", "false", "follow /clock (bag replay, simulation)"),
     ("namespace", "", "namespace of the node (relative topics such as joint_states and instruction move with it)"),
@@ -40,6 +41,7 @@ ARGUMENTS: list[tuple[str, Any, str]] = [
     ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
      "where ~/trajectory is remapped to (ros2_control's joint_trajectory_controller input)"),
     ("log_level", "info", "ROS log level of the node"),
+    ("with_sim", "false", "also start the tabletop simulator (tabletop_sim) as the robot: closed-loop demo"),
 ]
 
 
@@ -81,11 +83,23 @@ def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_s
     )
 
 
-def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[LifecycleNode]:
+def tabletop_sim(node_name: str = "oxygen", namespace: str = "", use_sim_time: bool = False,
+                 **kwargs: Any) -> Node:
+    """The tabletop simulator node wired to the oxygen node's outputs (``/<namespace>/<node_name>/...``)."""
+    prefix = "/".join(part for part in ("", namespace.strip("/"), node_name) if part)
+    kwargs.setdefault("output", "screen")
+    return Node(package=PACKAGE, executable="tabletop_sim", name="tabletop_sim", namespace=namespace,
+                parameters=[{"chunk_topic": f"{prefix}/action_chunk", "language_topic": f"{prefix}/language_output",
+                             "use_sim_time": use_sim_time}], **kwargs)
+
+
+def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[LifecycleNode | Node]:
     def value(name: str) -> str:
         return LaunchConfiguration(name).perform(context)
 
-    return [oxygen_node(
+    sim = [tabletop_sim(value("node_name"), value("namespace"), _as_bool(value("use_sim_time")))] \
+        if _as_bool(value("with_sim")) else []
+    return sim + [oxygen_node(
         config_file=value("config_file") or None,
         checkpoint_path=value("checkpoint_path"),
         use_sim_time=_as_bool(value("use_sim_time")),

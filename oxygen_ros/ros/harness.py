@@ -63,7 +63,8 @@ def ros_env(domain_id: int, base: Mapping[str, str] | None = None) -> dict[str, 
 
 
 class NodeProcess:
-    """``python -m oxygen_ros.ros.node`` as a child process; its output goes to a log file.
+    """``python -m oxygen_ros.ros.node`` (or another node ``module``) as a child process; its output goes to a log
+    file.
 
     Args:
         params_file: a ROS params YAML (``--params-file``), or None.
@@ -71,12 +72,13 @@ class NodeProcess:
         remaps: ``-r from:=to`` remappings.
         domain_id: ROS_DOMAIN_ID of the child.
         log_path: where stdout+stderr go (default: a temporary file).
+        module: the node's module (``python -m <module> --ros-args ...``).
     """
 
     def __init__(self, params_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                  remaps: Mapping[str, str] | None = None, domain_id: int = 0, log_path: str | Path | None = None,
-                 python: str = sys.executable) -> None:
-        self.cmd = [python, "-m", "oxygen_ros.ros.node", "--ros-args"]
+                 python: str = sys.executable, module: str = "oxygen_ros.ros.node") -> None:
+        self.cmd = [python, "-m", module, "--ros-args"]
         if params_file is not None:
             self.cmd += ["--params-file", str(params_file)]
         for name, value in (overrides or {}).items():

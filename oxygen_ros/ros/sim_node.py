@@ -1,0 +1,269 @@
+"""The tabletop simulator as a ROS 2 node: the robot the oxygen node drives in the closed-loop demo.
+
+    python -m oxygen_ros.ros.sim_node [--ros-args -p seed:=1000000 -p step_rate_hz:=20.0]
+
+Topics (relative names, remappable):
+  out  /cameras/<camera>/image_raw  sensor_msgs/Image rgb8, one per world camera, every step
+  out  joint_states                 sensor_msgs/JointState (ee_x, ee_y, ee_z, gripper), same stamp as the images
+  out  instruction                  std_msgs/String, the episode's task (at reset and every 2 s for late joiners)
+  out  ~/events                     std_msgs/String, one JSON line per finished episode and per scored memory
+  in   /oxygen/action_chunk         oxygen_ros/ActionChunk: replaces the action queue (latency-aligned)
+  in   /oxygen/language_output      oxygen_ros/LanguageOutput: "memory" texts scored against the world's truth
+
+Every step (``step_rate_hz``) the next queued action is applied and a new observation is published, all stamped
+with one time. A chunk computed from the observation stamped ``t0`` holds actions for ``t0 + i * dt``; the ones
+whose time has passed are skipped, so a slow policy does not replay stale actions. Chunks from before the current
+episode and malformed chunks are dropped (counted, warned). After success or ``max_steps`` the finished scene stays
+up for ``reset_pause_s`` (so its memory is asked about too), then the next seed starts.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import deque
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import rclpy
+from rclpy.node import Node
+from rclpy.qos import QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import Image, JointState
+from std_msgs.msg import String
+
+from oxygen_ros.msg import ActionChunk, LanguageOutput
+from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
+
+from .image_conversion import array_to_image_msg
+from .observation_builder import stamp_to_ns
+from .publishers import time_msg
+
+__all__ = ["EpisodeRecord", "SimCounters", "TabletopSimNode", "chunk_start_index", "main"]
+
+INSTRUCTION_REPEAT_S = 2.0
+TRUTH_HISTORY = 2048  # observation stamps whose ground-truth memory is kept for scoring
+
+
+@dataclass
+class EpisodeRecord:
+    """One finished episode (also the JSON of its ``~/events`` line, with ``"event": "episode"``)."""
+
+    episode: int
+    seed: int
+    instruction: str
+    success: bool
+    steps: int
+    chunks: int
+
+
+@dataclass
+class SimCounters:
+    """Running totals (the node logs them at shutdown)."""
+
+    episodes: int = 0
+    successes: int = 0
+    chunks: int = 0
+    stale_chunks: int = 0
+    rejected_chunks: int = 0
+    memories: int = 0
+    memory_exact: int = 0
+    memory_unscored: int = 0
+
+
+def chunk_start_index(stamp_ns: int, now_ns: int, dt_ns: int, horizon: int) -> int:
+    """Index of the first action of a chunk still in the future: action ``i`` is meant for ``stamp + (i + 1) * dt``
+    (the step after the observation), so the actions due up to ``now`` are skipped; at most ``horizon - 1``."""
+    if dt_ns <= 0 or now_ns <= stamp_ns:
+        return 0
+    return min(horizon - 1, (now_ns - stamp_ns) // dt_ns)
+
+
+class TabletopSimNode(Node):
+    """Publishes the world's sensors, executes received action chunks, scores memories, resets between tasks."""
+
+    def __init__(self, name: str = "tabletop_sim", **kwargs) -> None:
+        super().__init__(name, **kwargs)
+        self.declare_parameter("seed", 1_000_000)  # first episode seed (evaluation seeds, unseen in training)
+        self.declare_parameter("step_rate_hz", 20.0)
+        self.declare_parameter("image_size", 64)
+        self.declare_parameter("max_steps", WorldConfig.max_steps)
+        self.declare_parameter("reset_pause_s", 1.0)
+        self.declare_parameter("max_episodes", 0)  # 0: run until shut down
+        self.declare_parameter("chunk_topic", "/oxygen/action_chunk")
+        self.declare_parameter("language_topic", "/oxygen/language_output")
+        self.declare_parameter("frame_id", "table")
+        self.declare_parameter("autostart", True)  # false: wait for start() (lets a caller wait for discovery)
+        get = self.get_parameter
+        rate = float(get("step_rate_hz").value)
+        if not rate > 0.0:
+            raise ValueError(f"step_rate_hz must be > 0, got {rate}")
+        self.period_ns = int(round(1e9 / rate))
+        self.world = TabletopWorld(WorldConfig(image_size=int(get("image_size").value),
+                                               max_steps=int(get("max_steps").value)))
+        self.next_seed = int(get("seed").value)
+        self.max_episodes = int(get("max_episodes").value)
+        self.reset_pause_ns = int(float(get("reset_pause_s").value) * 1e9)
+        self.frame_id = str(get("frame_id").value)
+        self.counters = SimCounters()
+        self.records: list[EpisodeRecord] = []
+        self._queue: deque[np.ndarray] = deque()
+        self._truth: dict[int, str] = {}  # observation stamp -> ground-truth memory text
+        self._episode_chunks = 0
+        self._done_since: int | None = None
+        self._last_instruction_ns = 0
+        self.last_memory: tuple[str, str] | None = None  # (text, truth) of the newest scored memory
+
+        sensor_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
+        self._image_pubs = {c: self.create_publisher(Image, f"/cameras/{c}/image_raw", sensor_qos) for c in CAMERAS}
+        self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
+        self._instruction_pub = self.create_publisher(String, "instruction", 10)
+        self._event_pub = self.create_publisher(String, "~/events", 10)
+        self.create_subscription(ActionChunk, str(get("chunk_topic").value), self._on_chunk, 10)
+        self.create_subscription(LanguageOutput, str(get("language_topic").value), self._on_language, 10)
+        self.started = False
+        self._episode_start_ns = 0
+        self._timer = self.create_timer(1.0 / rate, self._tick)
+        if bool(get("autostart").value):
+            self.start()
+
+    def start(self) -> None:
+        """Lay out the first episode and start stepping (once)."""
+        if not self.started:
+            self.started = True
+            self._reset()
+
+    # ------------------------------------------------------------------------------------------ episodes
+    @property
+    def finished(self) -> bool:
+        """All ``max_episodes`` episodes are done (never, when it is 0)."""
+        return bool(self.max_episodes) and self.counters.episodes >= self.max_episodes
+
+    def _now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def _reset(self) -> None:
+        self.world.reset(self.next_seed)
+        self.next_seed += 1
+        self._queue.clear()
+        self._episode_chunks = 0
+        self._done_since = None
+        self._episode_start_ns = self._now_ns()
+        self.get_logger().info(f"episode {self.counters.episodes} (seed {self.world.seed}): {self.world.instruction}")
+        self._publish_instruction()
+        self._publish_observation(self._episode_start_ns)
+
+    def _finish_episode(self) -> None:
+        record = EpisodeRecord(self.counters.episodes, self.world.seed, self.world.instruction, self.world.success,
+                               self.world.steps, self._episode_chunks)
+        self.records.append(record)
+        self.counters.episodes += 1
+        self.counters.successes += int(record.success)
+        self._event("episode", **asdict(record))
+        self.get_logger().info(f"episode {record.episode} {'succeeded' if record.success else 'failed'} in "
+                               f"{record.steps} steps ({self.counters.successes}/{self.counters.episodes} tasks done)")
+
+    def _tick(self) -> None:
+        now = self._now_ns()
+        if not self.started or self.finished:
+            return
+        if self.world.done:
+            if self._done_since is None:
+                self._done_since = now
+                self._finish_episode()
+            elif now - self._done_since >= self.reset_pause_ns and not self.finished:
+                self._reset()
+                return
+        elif self._queue:
+            self.world.apply(self._queue.popleft())
+        if now - self._last_instruction_ns >= INSTRUCTION_REPEAT_S * 1e9:
+            self._publish_instruction()
+        self._publish_observation(now)
+
+    # ------------------------------------------------------------------------------------------ sensors
+    def _publish_instruction(self) -> None:
+        self._instruction_pub.publish(String(data=self.world.instruction))
+        self._last_instruction_ns = self._now_ns()
+
+    def _publish_observation(self, stamp_ns: int) -> None:
+        obs = self.world.observation()
+        for camera, pub in self._image_pubs.items():
+            pub.publish(array_to_image_msg(obs.images[camera], stamp_ns, self.frame_id))
+        js = JointState()
+        js.header.stamp = time_msg(stamp_ns)
+        js.header.frame_id = self.frame_id
+        js.name = list(JOINT_NAMES)
+        js.position = [float(v) for v in obs.state]
+        self._joint_pub.publish(js)
+        self._truth[stamp_ns] = self.world.memory_text()
+        while len(self._truth) > TRUTH_HISTORY:
+            del self._truth[next(iter(self._truth))]
+
+    # ------------------------------------------------------------------------------------------ inputs
+    def _on_chunk(self, msg: ActionChunk) -> None:
+        if not self.started:
+            return
+        dim, horizon = int(msg.action_dim), int(msg.horizon)
+        actions = np.asarray(msg.actions, dtype=np.float64)
+        names = list(msg.joint_names)
+        problem = None
+        if dim < len(JOINT_NAMES) or horizon < 1 or actions.size != dim * horizon:
+            problem = f"shape: horizon {horizon} x action_dim {dim} with {actions.size} values"
+        elif names and names[: len(JOINT_NAMES)] != list(JOINT_NAMES):
+            problem = f"joint_names {names} do not start with {list(JOINT_NAMES)}"
+        elif not np.all(np.isfinite(actions)):
+            problem = "non-finite actions"
+        if problem is not None:
+            self.counters.rejected_chunks += 1
+            self.get_logger().warning(f"rejected action chunk {msg.frame_index}: {problem}",
+                                      throttle_duration_sec=2.0)
+            return
+        stamp = stamp_to_ns(msg.header.stamp)
+        if stamp < self._episode_start_ns or self.world.done:
+            self.counters.stale_chunks += 1  # planned for the previous episode, or nothing left to do
+            return
+        dt_ns = int(msg.dt.sec) * 1_000_000_000 + int(msg.dt.nanosec) or self.period_ns
+        start = chunk_start_index(stamp, self._now_ns(), dt_ns, horizon)
+        rows = actions.reshape(horizon, dim)[start:, : len(JOINT_NAMES)]
+        self._queue = deque(rows)
+        self.counters.chunks += 1
+        self._episode_chunks += 1
+
+    def _on_language(self, msg: LanguageOutput) -> None:
+        if msg.task != "memory":
+            return
+        truth = self._truth.get(stamp_to_ns(msg.header.stamp))
+        self.counters.memories += 1
+        if truth is None:
+            self.counters.memory_unscored += 1
+            return
+        exact = msg.text.strip() == truth
+        self.last_memory = (msg.text, truth)
+        self.counters.memory_exact += int(exact)
+        self._event("memory", frame_index=int(msg.frame_index), text=msg.text, truth=truth, exact=exact)
+
+    def _event(self, kind: str, **fields) -> None:
+        self._event_pub.publish(String(data=json.dumps({"event": kind, **fields})))
+
+
+def main(args: list[str] | None = None) -> int:
+    """Run the simulator until shut down (or until ``max_episodes`` are done)."""
+    rclpy.init(args=args if args is not None else sys.argv)
+    node = TabletopSimNode()
+    try:
+        while rclpy.ok() and not node.finished:
+            rclpy.spin_once(node, timeout_sec=0.1)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        c = node.counters
+        node.get_logger().info(f"done: {c.successes}/{c.episodes} tasks, memory exact {c.memory_exact}/"
+                               f"{c.memories - c.memory_unscored}, chunks {c.chunks} (stale {c.stale_chunks}, "
+                               f"rejected {c.rejected_chunks})")
+        node.destroy_node()
+        if rclpy.ok():
+            rclpy.try_shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
