@@ -17,6 +17,7 @@ from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.engine.tokenizer import MODEL_FILENAMES, PromptTokenizer
+from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
 
 from .norm_stats import Normalizer, load_norm_stats
 from .params import NodeParams
@@ -96,6 +97,12 @@ def load_model(p: NodeParams) -> LoadedModel:
         temp_dir = _generate_random_tiny(p)
         ckpt = temp_dir
         source = f"random_tiny (generated in {temp_dir})"
+    elif p.model == "toy":
+        if not toy_model_available():
+            raise FileNotFoundError(f"model: toy needs the trained files in {TOY_MODEL_DIR} (python -m "
+                                    f"oxygen_ros.train.train --out {TOY_MODEL_DIR})")
+        ckpt = TOY_MODEL_DIR
+        source = f"toy ({TOY_MODEL_DIR})"
     else:
         ckpt = Path(p.checkpoint_path).expanduser()
         if not ckpt.exists():

@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 ENGINE_MODES = ("oxygen", "isolated", "shared_kv")
-RANDOM_MODELS = ("random_tiny",)
+EMBEDDED_MODELS = ("toy", "random_tiny")
 RELIABILITIES = ("best_effort", "reliable")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REQUEST_TASKS = (*LANGUAGE_TEMPLATES, CUSTOM_TASK)
@@ -66,7 +66,8 @@ PARAMS: tuple[ParamSpec, ...] = (
     # --- lifecycle and model
     ParamSpec("autostart", bool, True, "Configure and activate on startup (plain runs); false: wait for lifecycle "
               "transitions."),
-    ParamSpec("model", str, "", "'' to load checkpoint_path, or 'random_tiny': generate a tiny random pi0.5 and "
+    ParamSpec("model", str, "", "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on "
+              "the tabletop world, see oxygen_ros.ros.sim_node); or 'random_tiny': generate a tiny random pi0.5 and "
               "tokenizer into a temporary directory (demos, tests)."),
     ParamSpec("checkpoint_path", str, "", "Directory with model.safetensors (+ config.json) in openpi or LeRobot "
               "layout."),
@@ -262,11 +263,11 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     _choice(problems, "request_task", p["request_task"], REQUEST_TASKS)
     if not _DEVICE_RE.match(p["device"]):
         problems.append(f"device: expected auto, cpu, mps, cuda or cuda:N; got {p['device']!r}")
-    if p["model"] and p["model"] not in RANDOM_MODELS:
-        problems.append(f"model: must be '' (load checkpoint_path) or one of {', '.join(RANDOM_MODELS)}; "
+    if p["model"] and p["model"] not in EMBEDDED_MODELS:
+        problems.append(f"model: must be '' (load checkpoint_path) or one of {', '.join(EMBEDDED_MODELS)}; "
                         f"got {p['model']!r}")
     if not p["model"] and not p["checkpoint_path"]:
-        problems.append("checkpoint_path: required (or set model:=random_tiny for a generated demo model)")
+        problems.append("checkpoint_path: required (or set model:=toy for the embedded tabletop model)")
 
     for name, low in (("num_steps", 1), ("max_new_tokens", 1), ("k", 1), ("max_prompt_tokens", 1),
                       ("max_inflight", 1), ("max_instruction_chars", 1), ("max_image_pixels", 1),

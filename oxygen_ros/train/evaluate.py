@@ -1,6 +1,6 @@
 """Closed-loop evaluation of a trained model in the tabletop world, driven by the inference engine.
 
-    python -m oxygen_ros.train.evaluate --model models/toy --episodes 100 --mode oxygen [--out runs/eval_toy]
+    python -m oxygen_ros.train.evaluate --model oxygen_ros/models/toy --episodes 100 --mode oxygen [--out runs/eval_toy]
 
 Every control frame: the world's observation -> engine.step (action chunk + a "memory" language request) -> the
 chunk is executed in the world. Reports the success rate, the exact match of every generated memory against the
@@ -12,6 +12,7 @@ world's ground truth at the request's originating frame, the action frequency an
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field
@@ -24,12 +25,13 @@ from oxygen_ros.engine.checkpoint import load_checkpoint
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.requests import FinishedRequest, Frame, LanguageRequest
 from oxygen_ros.engine.tokenizer import PromptTokenizer
+from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
 
 from .filmstrip import FilmFrame, save_filmstrip
 from .policy import NormStats, episode_noise, to_model_observation
 
-__all__ = ["EVAL_FIRST_SEED", "ClosedLoop", "EpisodeResult", "evaluate"]
+__all__ = ["EVAL_FIRST_SEED", "ClosedLoop", "EpisodeResult", "actions_digest", "evaluate"]
 
 EVAL_FIRST_SEED = 1_000_000
 
@@ -132,6 +134,22 @@ class ClosedLoop:
         }
 
 
+def _display_path(path: Path) -> str:
+    """``path`` relative to the working directory when it lies below it (no machine paths in committed JSON)."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def actions_digest(chunks: list[np.ndarray]) -> str:
+    """SHA-1 of an episode's executed chunks (float32 bytes): equal digests = bit-identical actions."""
+    h = hashlib.sha1()
+    for chunk in chunks:
+        h.update(np.ascontiguousarray(chunk, dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
 def evaluate(model_dir: Path, episodes: int = 100, mode: str = "oxygen", first_seed: int = EVAL_FIRST_SEED,
              k: int = 5, max_new_tokens: int = 16, out: Path | None = None, threads: int = 1,
              progress: bool = True) -> dict:
@@ -143,8 +161,9 @@ def evaluate(model_dir: Path, episodes: int = 100, mode: str = "oxygen", first_s
     results = [loop.run_episode(first_seed + i, record=i == 0)
                for i in tqdm(range(episodes), desc=f"evaluate ({mode})", disable=not progress)]
     metrics = loop.metrics(results)
-    metrics["per_episode"] = [{k: v for k, v in asdict(r).items() if k not in ("chunks", "film")} for r in results]
-    metrics.update(model=str(model_dir), k=k, max_new_tokens=max_new_tokens, first_seed=first_seed)
+    metrics["per_episode"] = [{**{k: v for k, v in asdict(r).items() if k not in ("chunks", "film")},
+                               "actions_sha1": actions_digest(r.chunks)} for r in results]
+    metrics.update(model=_display_path(Path(model_dir)), k=k, max_new_tokens=max_new_tokens, first_seed=first_seed)
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
@@ -158,7 +177,7 @@ def evaluate(model_dir: Path, episodes: int = 100, mode: str = "oxygen", first_s
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", type=Path, default=Path("models/toy"), help="model directory")
+    ap.add_argument("--model", type=Path, default=TOY_MODEL_DIR, help="model directory")
     ap.add_argument("--episodes", type=int, default=100)
     ap.add_argument("--mode", default="oxygen", choices=["oxygen", "shared_kv", "isolated", "parallel"])
     ap.add_argument("--first-seed", type=int, default=EVAL_FIRST_SEED)
