@@ -30,7 +30,7 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = REPO / "launch" / "oxygen.launch.py"
-DEMO_CONFIG = str(REPO / "config" / "demo.yaml")
+DEMO_CONFIG = str(REPO / "config" / "synthetic.yaml")
 DOMAIN = 20 + (os.getpid() * 7 + 5) % 100
 CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
@@ -78,7 +78,7 @@ def test_node_configures_activates_and_exits_cleanly(node_action, launch_context
 @pytest.mark.launch(fixture=launch_node)
 def test_namespaced_node_publishes_chunks_and_remapped_trajectories(node_action, launch_context):
     process_tools.wait_for_output_sync(launch_context, node_action, lambda out: "active:" in out, timeout=60)
-    # camera topics in demo.yaml are absolute; joint_states and instruction are relative: under the namespace
+    # camera topics in synthetic.yaml are absolute; joint_states and instruction are relative: under the namespace
     probe = Probe(CAMERAS, JOINTS, node="/launch_test/oxygen", domain_id=DOMAIN, inputs_ns="launch_test",
                   trajectory_topic=TRAJECTORY_TOPIC)
     try:

@@ -375,7 +375,7 @@ CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"),
 
 @pytest.fixture(scope="module")
 def node_and_probe():
-    proc = NodeProcess(REPO / "config" / "demo.yaml", {
+    proc = NodeProcess(REPO / "config" / "synthetic.yaml", {
         "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 2, "max_image_pixels": 1_000_000,
         "max_instruction_chars": 500, "camera_topics": [t for _, t in CAMERAS], "camera_compressed": [False, True],
     }, domain_id=DOMAIN + 100).start()

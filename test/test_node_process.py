@@ -28,7 +28,7 @@ from oxygen_ros.ros.harness import NodeProcess, Probe, chunk_array, header_ns  #
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[1]
-DEMO_CONFIG = REPO / "config" / "demo.yaml"
+DEMO_CONFIG = REPO / "config" / "synthetic.yaml"
 CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 INSTRUCTION = "put the red block on the blue plate"
@@ -209,9 +209,9 @@ def test_demo_runs_and_summarises() -> None:
     from oxygen_ros.ros.demo import print_summary, run_demo
 
     console = Console(file=io.StringIO(), width=120)
-    summary = run_demo(duration=4.0, domain_id=DOMAIN + 50, image_size=96, console=console)
+    summary = run_demo(duration=4.0, domain_id=DOMAIN + 50, image_size=96, console=console, scene="synthetic")
     assert summary.node_exit_code == 0, console.file.getvalue()
-    # config/demo.yaml runs at 10 Hz; the bounds leave room for a busy machine
+    # config/synthetic.yaml runs at 10 Hz; the bounds leave room for a busy machine
     assert summary.frames >= 8 and summary.language_outputs >= 3, console.file.getvalue()
     assert 3.0 <= summary.frame_hz <= 12.0 and summary.action_hz == pytest.approx(summary.frame_hz * HORIZON)
     print_summary(summary, console)
