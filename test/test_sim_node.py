@@ -18,6 +18,7 @@ pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not bu
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 import rclpy  # noqa: E402
+from oxygen_ros.msg import ActionChunk, LanguageOutput  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
@@ -26,7 +27,6 @@ from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
-from oxygen_ros.msg import ActionChunk, LanguageOutput  # noqa: E402
 from oxygen_ros.ros.image_conversion import image_msg_to_array  # noqa: E402
 from oxygen_ros.ros.observation_builder import stamp_to_ns  # noqa: E402
 from oxygen_ros.ros.publishers import make_action_chunk, time_msg  # noqa: E402

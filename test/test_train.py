@@ -23,7 +23,6 @@ from oxygen_ros.train.train import TrainConfig, train
 from oxygen_ros.world import TabletopWorld
 
 
-
 @pytest.fixture(scope="module")
 def demos():
     return collect(6, progress=False)

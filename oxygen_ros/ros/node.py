@@ -14,9 +14,9 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller)
   out  /diagnostics         diagnostic_msgs/DiagnosticArray, 1 Hz
 
-Threads: the control timer (node clock) wakes a dedicated inference thread that runs the frame; subscriptions run in
-a reentrant group of a MultiThreadedExecutor, so images keep arriving while a frame is inferred. Stamps and image
-staleness use the node clock (``use_sim_time`` follows /clock during bag replay).
+Threads: the control timer (node clock) wakes a dedicated inference thread that runs the frame; subscriptions run on
+the executor's thread, so images keep arriving while a frame is inferred. Stamps and image staleness use the node
+clock (``use_sim_time`` follows /clock during bag replay).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rclpy.signals import SignalHandlerOptions
@@ -381,7 +381,7 @@ def main(args: list[str] | None = None) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    executor = MultiThreadedExecutor(num_threads=2)
+    executor = SingleThreadedExecutor()
     node = OxygenNode()
     executor.add_node(node)
     failure: list[BaseException] = []
