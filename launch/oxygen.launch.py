@@ -86,7 +86,7 @@ def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_s
 def tabletop_sim(node_name: str = "oxygen", namespace: str = "", use_sim_time: bool = False,
                  **kwargs: Any) -> Node:
     """The tabletop simulator node wired to the oxygen node's outputs (``/<namespace>/<node_name>/...``)."""
-    prefix = "/".join(part for part in ("", namespace.strip("/"), node_name) if part)
+    prefix = "/" + "/".join(part for part in (namespace.strip("/"), node_name) if part)
     kwargs.setdefault("output", "screen")
     return Node(package=PACKAGE, executable="tabletop_sim", name="tabletop_sim", namespace=namespace,
                 parameters=[{"chunk_topic": f"{prefix}/action_chunk", "language_topic": f"{prefix}/language_output",

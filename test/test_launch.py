@@ -3,13 +3,15 @@ built with colcon and sourced, so `oxygen_node` is found by package).
 
 launch, launch_ros and launch_pytest are not installable from PyPI, so here the module skips; the same behaviour
 (node starts, configures itself, publishes chunks over DDS, exits cleanly on SIGINT, remapped trajectory topic) is
-covered by test_node_process.py, which starts the node as a plain process.
+covered by test_node_process.py, which starts the node as a plain process, and the closed loop of ``with_sim:=true``
+(the toy model driving the simulator until tasks are done) by test_closed_loop_ros.py.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import time
 from pathlib import Path
 
 import pytest
@@ -123,10 +125,45 @@ def test_launch_file_brings_up_a_working_node(launch_context):
         probe.close()
 
 
+@launch_pytest.fixture(scope="module")
+def launch_closed_loop():
+    return launch.LaunchDescription([
+        *(SetEnvironmentVariable(name, value) for name, value in ENV.items()),
+        IncludeLaunchDescription(PythonLaunchDescriptionSource(str(LAUNCH_FILE)),
+                                 launch_arguments={"with_sim": "true", "node_name": "oxygen_closed_loop"}.items()),
+        launch_pytest.actions.ReadyToTest(),
+    ])
+
+
+@pytest.mark.launch(fixture=launch_closed_loop)
+def test_launch_with_sim_completes_a_task(launch_context):
+    """The launch default (config/tabletop.yaml, the toy model) plus the simulator: a task is completed."""
+    import json
+
+    import rclpy
+    from rclpy.context import Context
+    from rclpy.node import Node
+    from std_msgs.msg import String
+
+    context = Context()
+    rclpy.init(context=context, domain_id=DOMAIN)
+    node = Node("closed_loop_listener", context=context)
+    events: list[dict] = []
+    node.create_subscription(String, "/tabletop_sim/events", lambda m: events.append(json.loads(m.data)), 10)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not any(e.get("success") for e in events):
+            rclpy.spin_once(node, timeout_sec=0.2)
+        assert any(e.get("event") == "episode" and e["success"] for e in events), events
+    finally:
+        node.destroy_node()
+        rclpy.try_shutdown(context=context)
+
+
 def test_launch_arguments_are_declared():
     module = load_launch_module()
     names = [a[0] for a in module.ARGUMENTS]
-    assert {"config_file", "checkpoint_path", "use_sim_time", "namespace"} <= set(names)
+    assert {"config_file", "checkpoint_path", "use_sim_time", "namespace", "with_sim"} <= set(names)
     ld = module.generate_launch_description()
     declared = {e.name for e in ld.entities if isinstance(e, launch.actions.DeclareLaunchArgument)}
     assert declared == set(names)

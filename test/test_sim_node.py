@@ -104,8 +104,9 @@ class World:
         return False
 
     def connected(self) -> bool:
-        pubs = [*self.sim._image_pubs.values(), self.chunk_pub, self.language_pub]
-        return self.wait_for(lambda: all(p.get_subscription_count() > 0 for p in pubs), 20)
+        pubs = [self.chunk_pub, self.language_pub]
+        return self.wait_for(lambda: self.sim.cameras_connected() and all(p.get_subscription_count() > 0
+                                                                           for p in pubs), 20)
 
     def close(self) -> None:
         self.executor.shutdown(timeout_sec=2.0)

@@ -114,7 +114,7 @@ class TabletopScene:
         self._probe = probe
 
     def subscribed(self) -> bool:
-        return all(p.get_subscription_count() > 0 for p in self.sim._image_pubs.values())
+        return self.sim.cameras_connected()
 
     def start(self) -> None:
         self.sim.start()

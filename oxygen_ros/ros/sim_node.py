@@ -138,6 +138,10 @@ class TabletopSimNode(Node):
         """All ``max_episodes`` episodes are done (never, when it is 0)."""
         return bool(self.max_episodes) and self.counters.episodes >= self.max_episodes
 
+    def cameras_connected(self) -> bool:
+        """Every camera topic has at least one subscriber (discovery done)."""
+        return all(p.get_subscription_count() > 0 for p in self._image_pubs.values())
+
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 

@@ -1,6 +1,6 @@
 """Train the toy pi0.5 on expert demonstrations of the tabletop world (CPU, minutes).
 
-    python -m oxygen_ros.train.train --out oxygen_ros/models/toy [--episodes 1200 --steps 5000 --threads 2]
+    python -m oxygen_ros.train.train --out oxygen_ros/models/toy [--episodes 2000 --steps 6000 --threads 2]
 
 Writes ``model.safetensors`` + ``config.json`` (the toy config), ``tokenizer.model``, ``norm_stats.json`` and
 ``train_log.json`` into ``--out``: the directory the engine, the evaluation and the ROS node load.
@@ -41,7 +41,7 @@ class TrainConfig:
 
     out: Path
     episodes: int = 2000  # expert demonstrations (seeds 0 .. episodes - 1; evaluation uses seeds >= 1_000_000)
-    steps: int = 6000  # about 0.25 s a step on 2 cores (16 px patches); max_minutes shortens it if needed
+    steps: int = 6000  # about 0.3 s a step on 2 cores (16 px patches); max_minutes shortens it if needed
     batch_size: int = 32
     lr: float = 2e-3
     warmup: int = 100
