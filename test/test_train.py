@@ -115,7 +115,8 @@ def test_loss_decreases_on_a_fixed_batch(demos, tok) -> None:
 
 def test_training_writes_a_loadable_model(trained: Path) -> None:
     names = {p.name for p in trained.iterdir()}
-    assert {"model.safetensors", "config.json", "tokenizer.model", "norm_stats.json", "train_log.json"} <= names
+    assert {"model.safetensors", "config.json", "tokenizer.model", "norm_stats.json", "train_log.json",
+            "train_curves.png"} <= names
     model = load_checkpoint(trained)
     assert model.config.name == "toy" and model.config.action_dim == 4
     assert sum(p.stat().st_size for p in trained.iterdir()) < 20e6

@@ -2,8 +2,9 @@
 
     python -m oxygen_ros.train.train --out oxygen_ros/models/toy [--episodes 2000 --steps 6000 --threads 2]
 
-Writes ``model.safetensors`` + ``config.json`` (the toy config), ``tokenizer.model``, ``norm_stats.json`` and
-``train_log.json`` into ``--out``: the directory the engine, the evaluation and the ROS node load.
+Writes ``model.safetensors`` + ``config.json`` (the toy config), ``tokenizer.model``, ``norm_stats.json``,
+``train_log.json`` and ``train_curves.png`` into ``--out``: the directory the engine, the evaluation and the ROS node
+load.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from oxygen_ros.engine.checkpoint import save_checkpoint
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 from oxygen_ros.world import WorldConfig
 
+from .curves import plot_training
 from .data import Demonstrations, collect, make_batch
 from .losses import training_losses
 from .object_maps import OBJECT_CLASSES
@@ -162,6 +164,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
            "samples": len(demos), "parameters": model.num_parameters(), "steps_done": step,
            "wall_s": time.perf_counter() - t_start, "history": history}
     (out / "train_log.json").write_text(json.dumps(log, indent=2))
+    plot_training(log, out / "train_curves.png")
     return log
 
 
