@@ -105,7 +105,6 @@ class TabletopSimNode(Node):
         self.reset_pause_ns = int(float(get("reset_pause_s").value) * 1e9)
         self.frame_id = str(get("frame_id").value)
         self.counters = SimCounters()
-        self.records: list[EpisodeRecord] = []
         self._queue: deque[np.ndarray] = deque()
         self._truth: dict[int, str] = {}  # observation stamp -> ground-truth memory text
         self._episode_chunks = 0
@@ -159,7 +158,6 @@ class TabletopSimNode(Node):
     def _finish_episode(self) -> None:
         record = EpisodeRecord(self.counters.episodes, self.world.seed, self.world.instruction, self.world.success,
                                self.world.steps, self._episode_chunks)
-        self.records.append(record)
         self.counters.episodes += 1
         self.counters.successes += int(record.success)
         self._event("episode", **asdict(record))

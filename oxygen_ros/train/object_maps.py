@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 
 from oxygen_ros.world import CAMERAS, TabletopWorld
-from oxygen_ros.world.render import COLORS, View
+from oxygen_ros.world.render import COLORS
 
 __all__ = ["OBJECT_CLASSES", "object_map", "object_maps"]
 
@@ -23,20 +23,12 @@ OBJECT_CLASSES: tuple[str, ...] = (*(f"{c} block" for c in _COLOR_NAMES), *(f"{c
                                    "gripper")
 
 
-def _view(world: TabletopWorld, camera: str, size: int) -> View:
-    s, cfg = world.state, world.config
-    if camera == CAMERAS[0]:
-        return View(0.0, 0.0, float(size), size)
-    lo, hi = cfg.wrist_half_width
-    return View.centered(s.ee[0], s.ee[1], lo + (hi - lo) * s.ee[2], size)
-
-
 def object_map(world: TabletopWorld, camera: str, patch_px: int) -> np.ndarray:
     """uint8 [patches, len(OBJECT_CLASSES)]: 1 where the object's centre falls into the patch (row-major patches of
     the camera's image at the world's image size)."""
     size = world.config.image_size
     grid = size // patch_px
-    view = _view(world, camera, size)
+    view = world.camera_view(camera, size)
     out = np.zeros((grid * grid, len(OBJECT_CLASSES)), np.uint8)
     s = world.state
     points = [(xy, _COLOR_NAMES.index(c)) for xy, c in zip(s.block_xy, s.block_colors, strict=True)]

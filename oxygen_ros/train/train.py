@@ -22,7 +22,6 @@ from tqdm import tqdm
 
 from oxygen_ros.engine.checkpoint import save_checkpoint
 from oxygen_ros.engine.tokenizer import PromptTokenizer
-from oxygen_ros.world import WorldConfig
 
 from .curves import plot_training
 from .data import Demonstrations, collect, make_batch
@@ -58,8 +57,6 @@ class TrainConfig:
     val_every: int = 500  # open-loop validation on held-out demonstrations (seeds from VAL_FIRST_SEED)
     val_episodes: int = 12
     data: Path | None = None  # .npz cache of the demonstrations (written if missing)
-    easy_episodes: int = 0  # curriculum: demonstrations in a one-block, one-plate world (same seeds) ...
-    easy_steps: int = 0  # ... that the first easy_steps steps train on instead of the full task
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
@@ -104,9 +101,6 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     model_cfg = toy_config()
     tok = PromptTokenizer(make_world_tokenizer(out), model_cfg.max_token_len)
     demos = _demonstrations(cfg, model_cfg.vision.patch_size)
-    easy = (collect(cfg.easy_episodes, horizon=ACTION_HORIZON, config=WorldConfig(num_blocks=1, num_plates=1),
-                    patch_px=model_cfg.vision.patch_size)
-            if cfg.easy_episodes and cfg.easy_steps else None)
     stats = NormStats.fit(demos.states, demos.actions)
     stats.save(out)
     model = init_toy_model(model_cfg, cfg.seed).train()
@@ -131,8 +125,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     while step < cfg.steps:
         for group in opt.param_groups:
             group["lr"] = _lr(step, cfg)
-        source = easy if easy is not None and step < cfg.easy_steps else demos
-        batch = make_batch(source, rng.integers(0, len(source), cfg.batch_size), tok, stats, model_cfg.action_dim,
+        batch = make_batch(demos, rng.integers(0, len(demos), cfg.batch_size), tok, stats, model_cfg.action_dim,
                            token_cache)
         losses = training_losses(model, batch, cfg.num_noise, gen, object_head)
         loss = losses["action"] + cfg.object_weight * losses.get("objects", 0.0) + cfg.lang_weight * sum(

@@ -228,18 +228,24 @@ class TabletopWorld:
         return WorldObservation({c: self.render(c) for c in CAMERAS}, self.joint_state, self.instruction,
                                 self.state.steps)
 
+    def camera_view(self, camera: str, size: int | None = None) -> View:
+        """Where ``camera`` looks now ("base_0_rgb": the whole table from above; "left_wrist_0_rgb": down from the
+        gripper, the field of view widening with height) at ``size`` px."""
+        size = size or self.config.image_size
+        s = self.state
+        if camera == CAMERAS[0]:
+            return View(0.0, 0.0, float(size), size)
+        if camera == CAMERAS[1]:
+            lo, hi = self.config.wrist_half_width
+            return View.centered(s.ee[0], s.ee[1], lo + (hi - lo) * s.ee[2], size)
+        raise KeyError(f"unknown camera {camera!r}; known: {CAMERAS}")
+
     def render(self, camera: str, size: int | None = None) -> np.ndarray:
-        """RGB uint8 [size, size, 3] from ``camera`` ("base_0_rgb": whole table from above; "left_wrist_0_rgb":
-        looking down from the gripper, the field of view widening with height)."""
+        """RGB uint8 [size, size, 3] from ``camera`` (see :meth:`camera_view`)."""
         size = size or self.config.image_size
         cfg, s = self.config, self.state
-        if camera == CAMERAS[0]:
-            view, hand = View(0.0, 0.0, float(size), size), 1.0 + 0.5 * s.ee[2]
-        elif camera == CAMERAS[1]:
-            lo, hi = cfg.wrist_half_width
-            view, hand = View.centered(s.ee[0], s.ee[1], lo + (hi - lo) * s.ee[2], size), 0.0
-        else:
-            raise KeyError(f"unknown camera {camera!r}; known: {CAMERAS}")
+        view = self.camera_view(camera, size)
+        hand = 1.0 + 0.5 * s.ee[2] if camera == CAMERAS[0] else 0.0  # top view: the hand grows with height
         canvas = Canvas(size, FLOOR_RGB)
         canvas.world_rect(view, 0.0, 0.0, 1.0, 1.0, TABLE_RGB)
         for xy, color in zip(s.plate_xy, s.plate_colors, strict=True):
