@@ -84,11 +84,40 @@ def test_corrupt_files_are_clear_errors(tmp_path) -> None:
         load_checkpoint(tmp_path / "nowhere")
 
 
-def test_lerobot_config_fields_are_read(tmp_path) -> None:
+def test_sizes_are_read_from_the_tensors(tmp_path) -> None:
+    """Without our config.json the model is built from the tensor shapes (variant names are never trusted)."""
     cfg = get_config("tiny", action_horizon=15)
-    save_checkpoint(make_model(cfg), tmp_path, layout="lerobot")
-    (tmp_path / "config.json").write_text(json.dumps({"type": "pi05", "chunk_size": 15}))
-    from oxygen_ros.engine.checkpoint import read_config
+    model = make_model(cfg)
+    save_checkpoint(model, tmp_path, layout="lerobot")
+    (tmp_path / "config.json").write_text(json.dumps({"type": "pi05", "paligemma_variant": "gemma_2b"}))
+    loaded = load_checkpoint(tmp_path)
+    for part in ("vision", "backbone", "expert"):
+        assert getattr(loaded.config, part) == getattr(cfg, part)
+    assert (loaded.config.vocab_size, loaded.config.action_dim) == (cfg.vocab_size, cfg.action_dim)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, loaded.state_dict()[k]), k
 
-    assert read_config(tmp_path, default="tiny").action_horizon == 15
-    assert load_checkpoint(tmp_path, config=read_config(tmp_path, default="tiny")).config.action_horizon == 15
+
+def test_untied_embeddings_and_old_key_names(tmp_path) -> None:
+    """LeRobot >= 0.5 stores embed_tokens and lm_head separately: both are kept. Older transformers key names
+    (language_model.model.*, a top-level vision_tower) load into the same model."""
+    from oxygen_ros.engine.checkpoint import canonical_keys, checkpoint_state_dict
+
+    model = make_model(get_config("tiny").replace(tie_word_embeddings=False), seed=3)
+    with torch.no_grad():
+        model.paligemma_with_expert.paligemma.lm_head.weight.mul_(2.0)
+    sd = checkpoint_state_dict(model, "lerobot")
+    assert "model." + EMBED_KEY in sd and "model." + LM_HEAD_KEY in sd
+    old = {}
+    for k, v in sd.items():
+        k = k.replace("paligemma.model.language_model.", "paligemma.language_model.model.")
+        k = k.replace("paligemma.model.vision_tower.vision_model.", "paligemma.vision_tower.")
+        old[k] = v
+    assert canonical_keys(old).keys() == canonical_keys(sd).keys()
+    save_file(old, str(tmp_path / "model.safetensors"))
+    loaded = load_checkpoint(tmp_path)
+    assert not loaded.config.tie_word_embeddings
+    head = loaded.paligemma_with_expert.paligemma.lm_head.weight
+    assert torch.equal(head, model.paligemma_with_expert.paligemma.lm_head.weight)
+    assert torch.equal(loaded.backbone.embed_tokens.weight, model.backbone.embed_tokens.weight)
+    assert not torch.equal(head, loaded.backbone.embed_tokens.weight)

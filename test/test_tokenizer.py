@@ -59,9 +59,13 @@ def test_discretize_matches_openpi_in_range() -> None:
     assert discretize_state(values).dtype == np.int64
 
 
-def test_discretize_clips_out_of_range() -> None:
-    out = discretize_state(np.array([-5.0, -1.0001, 1.0001, 7.0]))
-    np.testing.assert_array_equal(out, [0, 0, 255, 255])
+def test_discretize_out_of_range_as_upstream() -> None:
+    """openpi and LeRobot do not clip: below -1 is bin -1, above 1 saturates at 255; clip=True (our toy
+    checkpoints' convention) maps the low side to 0."""
+    values = np.array([-5.0, -1.0001, 1.0001, 7.0])
+    np.testing.assert_array_equal(discretize_state(values), [-1, -1, 255, 255])
+    np.testing.assert_array_equal(discretize_state(values), openpi_bins(values))
+    np.testing.assert_array_equal(discretize_state(values, clip=True), [0, 0, 255, 255])
     # openpi itself gives -1 below the range; the clip is deliberate.
     assert openpi_bins(np.array([-1.5]))[0] == -1
 
@@ -86,7 +90,7 @@ def test_action_prompt_format(tok: PromptTokenizer, sp: spm.SentencePieceProcess
     assert out.ids[0] == BOS_ID
     assert out.mask[:n].all() and not out.mask[n:].any()
     assert (out.ids[n:] == PAD_ID).all()
-    expected = f"Task: {INSTRUCTION}, State: 0 1 128 192 255 255 255 0;\nAction: "
+    expected = f"Task: {INSTRUCTION}, State: 0 1 128 192 255 255 255 -1;\nAction: "  # openpi: no clip
     assert sp.decode(out.ids[:n].tolist()) == expected
     # Same ids as encoding the full string with BOS directly.
     assert out.ids[:n].tolist() == sp.encode(expected, add_bos=True)

@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 CAMERA_SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+TIME_SCHEDULES = ("accumulate", "exact")
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class Pi05Config:
     max_token_len: int = 200
     camera_names: tuple[str, ...] = CAMERA_SLOTS
     num_steps: int = 10
+    # LM head shares the token embedding (openpi); LeRobot >= 0.5 fine-tunes may store two different tensors.
+    tie_word_embeddings: bool = True
+    # Euler times: "accumulate" = openpi (t += dt in float32); "exact" = LeRobot (t_k = float32(1 + k * dt)).
+    time_schedule: str = "accumulate"
     extra: dict = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
@@ -63,6 +68,8 @@ class Pi05Config:
             raise ValueError("backbone and action expert must have the same depth (one joint attention per layer)")
         if b.num_heads % b.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
+        if self.time_schedule not in TIME_SCHEDULES:
+            raise ValueError(f"time_schedule must be one of {TIME_SCHEDULES}, got {self.time_schedule!r}")
 
     @property
     def num_cameras(self) -> int:

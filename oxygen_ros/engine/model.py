@@ -47,7 +47,8 @@ class _PaliGemma(nn.Module):
         super().__init__()
         self.model = _PaliGemmaInner(cfg)
         self.lm_head = nn.Linear(cfg.backbone.width, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.model.language_model.embed_tokens.weight  # tied
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.language_model.embed_tokens.weight
 
 
 class _GemmaExpert(nn.Module):
@@ -151,8 +152,19 @@ class Pi05Model(nn.Module):
         return head.action_in_proj(x_t.to(self.dtype)), cond
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final-normed hidden states -> vocabulary logits (LM head tied to the token embedding)."""
-        return F.linear(hidden, self.backbone.embed_tokens.weight)
+        """Final-normed hidden states -> vocabulary logits (the LM head; tied to the token embedding by default)."""
+        return F.linear(hidden, self.paligemma_with_expert.paligemma.lm_head.weight)
+
+    def denoise_times(self, num_steps: int) -> list[float]:
+        """The S flow-matching times t_0 = 1 > ... > t_{S-1}, as float32 values, per ``config.time_schedule``."""
+        dt = -1.0 / num_steps
+        if self.config.time_schedule == "exact":  # LeRobot: float32(1 + k * dt), computed in float64
+            return [float(torch.tensor(1.0 + k * dt, dtype=torch.float32)) for k in range(num_steps)]
+        times, t, step = [], torch.tensor(1.0, dtype=torch.float32), torch.tensor(dt, dtype=torch.float32)
+        for _ in range(num_steps):  # openpi: t += dt, accumulated in float32
+            times.append(float(t))
+            t = t + step
+        return times
 
     # ------------------------------------------------------------------------------------------ layer pieces
     def _qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
@@ -231,8 +243,8 @@ class Pi05Model(nn.Module):
 
         dt = -1.0 / num_steps
         x_t = noise.float()
-        t = torch.tensor(1.0, dtype=torch.float32, device=dev)
-        for _ in range(num_steps):
+        for time_k in self.denoise_times(num_steps):
+            t = torch.tensor(time_k, dtype=torch.float32, device=dev)
             h, cond = self.embed_suffix(x_t, t.expand(b), head)
             for i, layer in enumerate(head.stack.layers):
                 x, gate = layer.input_layernorm(h, cond)
@@ -243,7 +255,6 @@ class Pi05Model(nn.Module):
                 h = self._attn_out_mlp(layer, h, attn, gate, cond)
             h, _ = head.stack.norm(h, cond)
             x_t = x_t + dt * head.action_out_proj(h).float()
-            t = t + dt
         return x_t
 
     @torch.no_grad()

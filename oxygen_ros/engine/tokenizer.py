@@ -60,25 +60,22 @@ class TokenizedPrompt:
     num_tokens: int
 
 
-def discretize_state(state: np.ndarray | Iterable[float]) -> np.ndarray:
-    """Bucket normalised state values into 256 bins, as openpi's pi0.5 tokenizer does.
+def discretize_state(state: np.ndarray | Iterable[float], clip: bool = False) -> np.ndarray:
+    """Bucket normalised state values into 256 bins, as openpi's pi0.5 tokenizer and LeRobot do.
 
-    ``bin = digitize(clip(s, -1, 1), linspace(-1, 1, 257)[:-1]) - 1``, so -1 -> 0 and 1 -> 255.
-    Unlike openpi, values are clipped first: openpi would give bin -1 below -1 (and the same 255 above 1).
-
-    Args:
-        state: Normalised state values, any shape.
-
-    Returns:
-        int64 array of the same shape with values in [0, 255].
+    ``bin = digitize(s, linspace(-1, 1, 257)[:-1]) - 1``: -1 -> 0, 0 -> 128, >= 0.9921875 -> 255, and values below
+    -1 give bin -1 (upstream does not clip). ``clip=True`` clips to [-1, 1] first (bins 0..255), the convention
+    the package's own toy checkpoints were trained with.
 
     Raises:
-        ValueError: If any value is NaN or infinite (openpi would silently give bin 255 for NaN).
+        ValueError: If any value is NaN or infinite (upstream would silently give bin 255 for NaN).
     """
-    values = np.asarray(state, dtype=np.float64)
+    values = np.asarray(state)
     if not np.all(np.isfinite(values)):
         raise ValueError(f"state has non-finite values: {values}")
-    bins = np.digitize(np.clip(values, -1.0, 1.0), bins=_STATE_BIN_EDGES) - 1
+    if clip:
+        values = np.clip(values.astype(np.float64), -1.0, 1.0)
+    bins = np.digitize(values, bins=_STATE_BIN_EDGES) - 1
     return bins.astype(np.int64)
 
 
@@ -166,13 +163,15 @@ class PromptTokenizer:
         """Encode ``text`` with SentencePiece (no normalisation beyond the model's own)."""
         return list(self._sp.encode(text, add_bos=add_bos))
 
-    def tokenize_action_prompt(self, instruction: str, state: np.ndarray | None) -> TokenizedPrompt:
+    def tokenize_action_prompt(self, instruction: str, state: np.ndarray | None,
+                               clip_state: bool = False) -> TokenizedPrompt:
         """Tokenise a pi0.5 action prompt exactly as openpi's ``PaligemmaTokenizer.tokenize``.
 
         Args:
             instruction: Task instruction; stripped, with "_" and newlines replaced by spaces.
             state: 1-D normalised state (already normalised to about [-1, 1], before padding to
                 action_dim), or None for the pi0 format (no state in the prompt).
+            clip_state: clip the state to [-1, 1] before discretising (see :func:`discretize_state`).
 
         Returns:
             The padded prompt. When it is longer than max_token_len it is cut to max_token_len
@@ -180,7 +179,7 @@ class PromptTokenizer:
         """
         cleaned = instruction.strip().replace("_", " ").replace("\n", " ")
         if state is not None:
-            bins = discretize_state(state)
+            bins = discretize_state(state, clip=clip_state)
             if bins.ndim != 1:
                 raise ValueError(f"state must be 1-D, got shape {bins.shape}")
             state_str = " ".join(map(str, bins.tolist()))

@@ -1,0 +1,64 @@
+"""Robot adapters: fixed conversions between a robot's joint space and the space a checkpoint was trained in.
+
+``aloha`` is openpi's ALOHA adapter (``aloha_policy.py`` with ``adapt_to_pi=True``): joints 1, 2, 8, 9 are
+flipped, and the grippers (dims 6 and 13) convert between ALOHA's linear opening and pi's angular convention, on
+the state going in and on the actions coming out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["ADAPTERS", "decode_state", "encode_actions"]
+
+ADAPTERS = ("none", "aloha")
+_FLIP = np.array([1, -1, -1, 1, 1, 1, 1, 1, -1, -1, 1, 1, 1, 1])
+_GRIPPERS = [6, 13]
+
+
+def _normalize(x, lo, hi):
+    return (x - lo) / (hi - lo)
+
+
+def _unnormalize(x, lo, hi):
+    return x * (hi - lo) + lo
+
+
+def _gripper_to_angular(value: np.ndarray) -> np.ndarray:
+    value = _unnormalize(value, 0.01844, 0.05800)
+    arm, horn = 0.036, 0.022
+    value = np.arcsin(np.clip((horn**2 + value**2 - arm**2) / (2 * horn * value), -1.0, 1.0))
+    return _normalize(value, 0.5476, 1.6296)
+
+
+def _gripper_from_angular(value: np.ndarray) -> np.ndarray:
+    return _normalize(value + 0.5476, -0.6213, 1.4910)
+
+
+def decode_state(state: np.ndarray, adapter: str) -> np.ndarray:
+    """Robot state -> the checkpoint's state space."""
+    if adapter == "none":
+        return state
+    if adapter == "aloha":
+        _check(state.shape[-1])
+        state = _FLIP * state
+        state[..., _GRIPPERS] = _gripper_to_angular(state[..., _GRIPPERS])
+        return state
+    raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
+
+
+def encode_actions(actions: np.ndarray, adapter: str) -> np.ndarray:
+    """Actions [H, D] in the checkpoint's space -> the robot's."""
+    if adapter == "none":
+        return actions
+    if adapter == "aloha":
+        _check(actions.shape[-1])
+        actions = _FLIP * actions
+        actions[..., _GRIPPERS] = _gripper_from_angular(actions[..., _GRIPPERS])
+        return actions
+    raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
+
+
+def _check(dim: int) -> None:
+    if dim != 14:
+        raise ValueError(f"the aloha adapter needs 14 dims (2 x (6 joints + gripper)), got {dim}")

@@ -1,0 +1,217 @@
+"""LeRobot pi05 checkpoints (``PI05Policy.save_pretrained`` + the processors' ``save_pretrained``, LeRobot 0.6).
+
+Read from the files, never assumed: camera slots = the VISUAL ``input_features`` in order plus
+``empty_cameras`` placeholders; state dim; action dims kept (``output_features.action.shape``); ``chunk_size`` and
+``n_action_steps``; ``image_resolution``; normalisation per feature type from the normaliser steps' ``norm_map``
+with their ``eps`` and their statistics files; relative actions from the ``relative_actions_processor`` step;
+the tokenizer name and ``max_length`` from the ``tokenizer_processor`` step; observation renames.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors import SafetensorError
+from safetensors.numpy import load_file
+
+from ..errors import PolicyConfigError
+from ..normalize import STATS_NEEDED
+from ..spec import FeatureNorm, PolicySpec
+from . import SpecOptions
+from .common import as_stats, find_tokenizer, read_json
+
+__all__ = ["IMAGE_PREFIX", "read_lerobot"]
+
+IMAGE_PREFIX = "observation.images."
+STATE_KEY = "observation.state"
+ACTION_KEY = "action"
+_MODES = {"IDENTITY": "identity", "MEAN_STD": "mean_std", "QUANTILES": "quantiles", "QUANTILE10": "quantile10",
+          "MIN_MAX": "min_max"}
+_PRE_STEPS = {"rename_observations_processor", "to_batch_processor", "relative_actions_processor",
+              "normalizer_processor", "pi05_prepare_state_tokenizer_processor_step", "tokenizer_processor",
+              "device_processor"}
+_POST_STEPS = {"unnormalizer_processor", "absolute_actions_processor", "device_processor"}
+# Fields whose non-default value changes inference in ways this package does not implement.
+_UNSUPPORTED = {"rtc_config": None, "use_peft": False, "n_obs_steps": 1}
+
+
+def _steps(path: Path, known: set[str]) -> dict[str, dict]:
+    data = read_json(path)
+    steps = data.get("steps") if isinstance(data, dict) else None
+    if not isinstance(steps, list):
+        raise PolicyConfigError(f"{path}: field 'steps': expected a list of processor steps")
+    out: dict[str, dict] = {}
+    for i, step in enumerate(steps):
+        name = step.get("registry_name") if isinstance(step, dict) else None
+        if name not in known:
+            raise PolicyConfigError(f"{path}: steps[{i}].registry_name {name!r} is not supported (known: "
+                                    f"{', '.join(sorted(known))})")
+        out[name] = step
+    return out
+
+
+def _stats_file(directory: Path, step: dict, where: str) -> dict[str, np.ndarray]:
+    name = step.get("state_file")
+    if not name:
+        return {}
+    path = directory / name
+    try:
+        return load_file(str(path))
+    except FileNotFoundError as e:
+        raise PolicyConfigError(f"{where}.state_file: {path} does not exist") from e
+    except (SafetensorError, OSError, ValueError) as e:
+        raise PolicyConfigError(f"{path}: cannot read safetensors statistics ({e})") from e
+
+
+def _feature_norm(step: dict, flat: dict[str, np.ndarray], key: str, kind: str, where: str, path: Path,
+                  normalization: str) -> FeatureNorm | None:
+    cfg = step.get("config", {})
+    norm_map = cfg.get("norm_map", {})
+    raw_mode = norm_map.get(kind, "IDENTITY")
+    if raw_mode not in _MODES:
+        raise PolicyConfigError(f"{where}.config.norm_map.{kind}: unsupported mode {raw_mode!r}")
+    mode = _MODES[raw_mode]
+    if mode == "identity":
+        return None
+    stats = {k[len(key) + 1:]: v for k, v in flat.items() if k.startswith(key + ".")}
+    needed = STATS_NEEDED[mode]
+    missing = [s for s in needed if s not in stats]
+    if missing:
+        if normalization == "none":
+            return None
+        raise PolicyConfigError(
+            f"{path}: no {', '.join(f'{key}.{m}' for m in missing)} statistics for {raw_mode} normalisation of "
+            f"{key} (LeRobot would silently skip it); set normalization: none to run unnormalised on purpose")
+    eps = float(cfg.get("eps", 1e-8))
+    arrays = as_stats({s: stats[s] for s in needed}, f"{path}:{key}", dtype=np.float32)
+    return FeatureNorm(mode, arrays, "lerobot", eps)
+
+
+def _resolve_tokenizer(directory: Path, name: str, override: str) -> tuple[Path | None, str]:
+    if override:
+        found = find_tokenizer(Path(override))
+        if found is None:
+            raise PolicyConfigError(f"tokenizer_path: no SentencePiece model at {override}")
+        return found, f"tokenizer {found} (tokenizer_path)"
+    if not name:
+        return None, "no tokenizer recorded"
+    candidates: list[Path] = []
+    if not os.path.isabs(name):  # LeRobot resolves a relative name against the working directory
+        candidates += [directory.parent / name, directory / name, Path.cwd() / name]
+    else:
+        candidates.append(Path(name))
+    hub = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface")) / "hub"
+    snapshots = hub / f"models--{name.replace('/', '--')}" / "snapshots"
+    if snapshots.is_dir():
+        candidates += sorted(snapshots.iterdir())
+    found = find_tokenizer(*candidates)
+    return found, f"tokenizer {found} (recorded name {name!r})"
+
+
+def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -> tuple[PolicySpec, dict]:
+    """The spec of a LeRobot pi05 checkpoint and the model-config overrides it implies."""
+    cfg_path = directory / "config.json"
+    cfg: dict[str, Any] = read_json(cfg_path)
+    if cfg.get("type") != "pi05":
+        raise PolicyConfigError(f"{cfg_path}: field 'type' is {cfg.get('type')!r}; only LeRobot 'pi05' is supported")
+    for field, default in _UNSUPPORTED.items():
+        if cfg.get(field, default) != default:
+            raise PolicyConfigError(f"{cfg_path}: field {field!r} = {cfg[field]!r} is not supported (inference "
+                                    f"here assumes {default!r})")
+    if options.normalization not in ("auto", "none"):
+        raise PolicyConfigError(f"normalization: {options.normalization!r} cannot override a LeRobot checkpoint "
+                                "(its normalization_mapping decides); use auto or none")
+    features = cfg.get("input_features")
+    if not isinstance(features, dict):
+        raise PolicyConfigError(f"{cfg_path}: field 'input_features' missing or not an object")
+    cameras: list[str] = []
+    state_dim = None
+    for key, feat in features.items():
+        kind = feat.get("type") if isinstance(feat, dict) else None
+        if kind == "VISUAL":
+            cameras.append(key)
+        elif kind == "STATE" and key == STATE_KEY:
+            state_dim = int(np.prod(feat.get("shape", [0])))
+        else:
+            raise PolicyConfigError(f"{cfg_path}: input_features.{key} (type {kind!r}) is not supported by pi05 "
+                                    "inference here (only VISUAL cameras and observation.state)")
+    empty = int(cfg.get("empty_cameras", 0) or 0)
+    slots = [k.removeprefix(IMAGE_PREFIX) for k in cameras] + [f"empty_camera_{i}" for i in range(empty)]
+    if not slots:
+        raise PolicyConfigError(f"{cfg_path}: input_features has no VISUAL camera")
+    try:
+        action_dims = int(cfg["output_features"][ACTION_KEY]["shape"][0])
+        chunk = int(cfg["chunk_size"])
+        n_exec = int(cfg.get("n_action_steps", chunk))
+    except (KeyError, TypeError, IndexError, ValueError) as e:
+        raise PolicyConfigError(f"{cfg_path}: missing or malformed field ({e}): need output_features.action.shape, "
+                                "chunk_size") from e
+    if not 0 < n_exec <= chunk:
+        raise PolicyConfigError(f"{cfg_path}: n_action_steps {n_exec} must be in 1..chunk_size ({chunk})")
+    res = cfg.get("image_resolution", [224, 224])
+    if list(res) != [model_image_size, model_image_size]:
+        raise PolicyConfigError(f"{cfg_path}: image_resolution {res} != the model's {model_image_size}x"
+                                f"{model_image_size} image input")
+
+    pre_path, post_path = directory / "policy_preprocessor.json", directory / "policy_postprocessor.json"
+    for p in (pre_path, post_path):
+        if not p.is_file():
+            raise PolicyConfigError(f"{p}: missing (LeRobot saves it with the processors; the normalisation "
+                                    "statistics are referenced from it)")
+    pre, post = _steps(pre_path, _PRE_STEPS), _steps(post_path, _POST_STEPS)
+    if "pi05_prepare_state_tokenizer_processor_step" not in pre or "tokenizer_processor" not in pre:
+        raise PolicyConfigError(f"{pre_path}: needs the pi05 state/prompt step and the tokenizer step")
+    norm_step = pre.get("normalizer_processor")
+    unnorm_step = post.get("unnormalizer_processor")
+    if norm_step is None or unnorm_step is None:
+        raise PolicyConfigError(f"{pre_path if norm_step is None else post_path}: no (un)normalizer step")
+    state_norm = _feature_norm(norm_step, _stats_file(directory, norm_step, str(pre_path)), STATE_KEY, "STATE",
+                               f"{pre_path}:normalizer_processor", directory / str(norm_step.get("state_file")),
+                               options.normalization)
+    action_norm = _feature_norm(unnorm_step, _stats_file(directory, unnorm_step, str(post_path)), ACTION_KEY,
+                                "ACTION", f"{post_path}:unnormalizer_processor",
+                                directory / str(unnorm_step.get("state_file")), options.normalization)
+    if options.normalization == "none":
+        state_norm = action_norm = None
+
+    delta_mask: tuple[bool, ...] = ()
+    rel = pre.get("relative_actions_processor", {}).get("config", {})
+    absolute = post.get("absolute_actions_processor", {}).get("config", {})
+    if rel.get("enabled") or absolute.get("enabled"):
+        if not (rel.get("enabled") and absolute.get("enabled")):
+            raise PolicyConfigError(f"{pre_path} / {post_path}: relative_actions_processor and "
+                                    "absolute_actions_processor must be enabled together")
+        delta_mask = tuple(_relative_mask(action_dims, rel.get("exclude_joints") or [], rel.get("action_names")))
+
+    tok_cfg = pre["tokenizer_processor"].get("config", {})
+    tokenizer, tok_note = _resolve_tokenizer(directory, str(tok_cfg.get("tokenizer_name", "")),
+                                             options.tokenizer_path)
+    if tokenizer is None:
+        raise PolicyConfigError(f"{pre_path}: tokenizer_processor.config.tokenizer_name "
+                                f"{tok_cfg.get('tokenizer_name')!r} is not available locally; set tokenizer_path to "
+                                "PaliGemma's SentencePiece tokenizer.model")
+    rename = pre.get("rename_observations_processor", {}).get("config", {}).get("rename_map", {}) or {}
+    spec = PolicySpec(
+        framework="lerobot", checkpoint=directory, camera_slots=tuple(slots), missing_camera="append",
+        image_resize="torch_bilinear", image_size=model_image_size, state_dim=state_dim, action_dims=action_dims,
+        chunk_size=chunk, n_action_steps=n_exec, state_norm=state_norm, action_norm=action_norm,
+        state_in_prompt=True, clip_state=False, delta_mask=delta_mask, tokenizer=tokenizer,
+        max_token_len=int(tok_cfg.get("max_length", cfg.get("tokenizer_max_length", 200))), time_schedule="exact",
+        required_cameras=(), rename_map={str(k): str(v) for k, v in rename.items()},
+        notes=(f"{cfg_path}: {len(cameras)} cameras + {empty} empty, chunk {chunk} / execute {n_exec}", tok_note))
+    overrides = {"camera_names": tuple(slots), "action_horizon": chunk, "max_token_len": spec.max_token_len,
+                 "num_steps": int(cfg.get("num_inference_steps", 10)), "time_schedule": "exact"}
+    return spec, overrides
+
+
+def _relative_mask(action_dim: int, exclude: list[str], names: list[str] | None) -> list[bool]:
+    """LeRobot's ``RelativeActionsProcessorStep._build_mask``: dims whose name contains an excluded token stay
+    absolute; without names every dim is relative."""
+    tokens = [str(n).lower() for n in exclude if n]
+    if not tokens or names is None:
+        return [True] * action_dim
+    mask = [not any(t == str(n).lower() or t in str(n).lower() for t in tokens) for n in names[:action_dim]]
+    return mask + [True] * (action_dim - len(mask))

@@ -1,0 +1,61 @@
+"""This package's own checkpoints: ``config.json`` (``oxygen_ros`` model config), ``model.safetensors``,
+``norm_stats.json`` (openpi's format and formulas) and ``tokenizer.model`` side by side.
+
+They follow openpi's conventions (three named camera slots, missing cameras masked in place, PIL resize,
+quantile statistics), with one difference the toy models were trained with: the normalised state is clipped to
+[-1, 1] before it is discretised into the prompt.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ...engine.config import Pi05Config
+from ..errors import PolicyConfigError
+from ..spec import FeatureNorm, PolicySpec
+from . import SpecOptions
+from .common import as_stats, find_tokenizer, read_json
+
+__all__ = ["NORM_STATS_NAME", "read_oxygen"]
+
+NORM_STATS_NAME = "norm_stats.json"
+
+
+def read_oxygen(directory: Path, options: SpecOptions, config: Pi05Config,
+                generated: bool = False) -> tuple[PolicySpec, dict]:
+    """The spec of one of our checkpoints (``generated``: a random model made on the fly, no statistics)."""
+    mode = {"auto": "quantiles", "quantile": "quantiles", "mean_std": "mean_std", "none": None}[options.normalization]
+    stats_path = directory / NORM_STATS_NAME
+    state_norm = action_norm = None
+    notes = []
+    if mode is not None and stats_path.is_file():
+        data = read_json(stats_path)
+        stats = data.get("norm_stats", data) if isinstance(data, dict) else None
+        if not isinstance(stats, dict):
+            raise PolicyConfigError(f"{stats_path}: expected {{'norm_stats': {{'state': ..., 'actions': ...}}}}")
+        needed = ("q01", "q99") if mode == "quantiles" else ("mean", "std")
+        norms = []
+        for key in ("state", "actions"):
+            if key not in stats:
+                raise PolicyConfigError(f"{stats_path}: field 'norm_stats.{key}' missing")
+            arrays = as_stats(stats[key], f"{stats_path}:norm_stats.{key}")
+            if any(n not in arrays for n in needed):
+                raise PolicyConfigError(f"{stats_path}: norm_stats.{key} lacks {needed} for {mode} normalisation")
+            norms.append(FeatureNorm(mode, {n: arrays[n] for n in needed}, "openpi", 1e-6))
+        state_norm, action_norm = norms
+        notes.append(f"norm stats {stats_path} ({mode})")
+    elif mode is not None and not generated:
+        raise PolicyConfigError(f"{stats_path}: missing; set normalization: none to run this checkpoint "
+                                "unnormalised on purpose")
+    tokenizer = find_tokenizer(Path(options.tokenizer_path) if options.tokenizer_path else None, directory)
+    if tokenizer is None:
+        raise PolicyConfigError(f"tokenizer_path: not set and no tokenizer.model in {directory}")
+    action_dims = action_norm.dim if action_norm is not None else config.action_dim
+    spec = PolicySpec(
+        framework="oxygen", checkpoint=directory, camera_slots=tuple(config.camera_names), missing_camera="in_place",
+        image_resize="pil_bilinear", image_size=config.vision.image_size,
+        state_dim=state_norm.dim if state_norm else None, action_dims=int(action_dims),
+        chunk_size=config.action_horizon, n_action_steps=config.action_horizon, state_norm=state_norm,
+        action_norm=action_norm, state_in_prompt=True, clip_state=True, tokenizer=tokenizer,
+        max_token_len=config.max_token_len, time_schedule=config.time_schedule, notes=tuple(notes))
+    return spec, {}

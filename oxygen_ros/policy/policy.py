@@ -1,0 +1,208 @@
+"""A loaded checkpoint with its I/O contract: raw robot data in, robot-unit action chunks out.
+
+    policy = load_policy("path/to/checkpoint")                       # LeRobot, openpi or our layout
+    chunk = policy.infer(RawObservation({"base_0_rgb": rgb}, state, "pick up the cup"), noise)
+
+:meth:`Policy.prepare` and :meth:`Policy.postprocess` are the two halves the engine-driven
+:class:`~oxygen_ros.policy.runner.FrameRunner` uses around ``engine.step``; :meth:`Policy.infer` runs them around
+the model's plain ``sample_actions`` (the reference the tests compare with the frameworks' own pipelines).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from oxygen_ros.engine.checkpoint import CheckpointError, infer_config, load_state_dict_into, read_tensors
+from oxygen_ros.engine.checkpoint import read_config as read_oxygen_config
+from oxygen_ros.engine.config import get_config
+from oxygen_ros.engine.model import Pi05Model
+from oxygen_ros.engine.observation import Observation
+from oxygen_ros.engine.tokenizer import PromptTokenizer
+
+from .adapters import decode_state, encode_actions
+from .errors import PolicyConfigError
+from .formats import SpecOptions, detect_layout
+from .formats.common import read_json
+from .formats.lerobot import IMAGE_PREFIX, read_lerobot
+from .formats.openpi import read_openpi
+from .formats.oxygen import read_oxygen
+from .images import as_hwc_uint8, assemble_slots, image_to_model
+from .normalize import normalize, unnormalize
+from .spec import PolicySpec
+
+__all__ = ["Policy", "PreparedObservation", "RawObservation", "load_policy"]
+
+SIZES_SIDECAR = "tiny_dims.json"  # model sizes beside a test checkpoint (LeRobot fixtures); optional
+
+
+@dataclass
+class RawObservation:
+    """One robot observation as the robot has it.
+
+    images: camera slot name (or LeRobot key ``observation.images.<slot>``) -> uint8 RGB [H, W, 3] (or [3, H, W])
+        at the camera's native size; a missing slot is simply absent.
+    state: raw state in robot units (the checkpoint's state order).
+    task: the instruction text, uncleaned.
+    """
+
+    images: Mapping[str, np.ndarray]
+    state: np.ndarray
+    task: str
+
+
+@dataclass
+class PreparedObservation:
+    """Model input of one observation plus what post-processing needs from it."""
+
+    observation: Observation
+    reference_state: np.ndarray  # state in the checkpoint's action space, for delta dims
+    prompt_tokens: int
+    prompt_truncated: bool
+    normalized_state: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+
+
+class Policy:
+    """A pi0.5 model, its tokenizer and its checkpoint's :class:`PolicySpec`."""
+
+    def __init__(self, spec: PolicySpec, model: Pi05Model, tokenizer: PromptTokenizer) -> None:
+        self.spec, self.model, self.tokenizer = spec, model, tokenizer
+
+    # ------------------------------------------------------------------------------------------ inputs
+    def slot_of(self, key: str) -> str:
+        """The model slot a raw image key names (renames applied, LeRobot's ``observation.images.`` dropped)."""
+        key = self.spec.rename_map.get(key, key)
+        return key.removeprefix(IMAGE_PREFIX)
+
+    def convert_image(self, image: np.ndarray, name: str = "image") -> np.ndarray:
+        """One raw camera image -> float32 [3, S, S] in [-1, 1] with the checkpoint's resize convention."""
+        return image_to_model(as_hwc_uint8(image, name), self.spec.image_size, self.spec.image_resize)
+
+    def prepare(self, raw: RawObservation, converted: Mapping[str, np.ndarray] | None = None) -> PreparedObservation:
+        """Raw observation -> model input, exactly as the checkpoint's framework prepares it.
+
+        ``converted`` may hold images already passed through :meth:`convert_image`, by slot (the node caches them).
+
+        Raises:
+            ValueError: wrong state size, non-finite state, unknown camera, no camera at all.
+        """
+        spec = self.spec
+        pixels = {self.slot_of(k): (converted[k] if converted is not None and k in converted
+                                    else self.convert_image(v, k)) for k, v in raw.images.items()}
+        images, masks = assemble_slots(pixels, spec.camera_slots, spec.image_size, spec.missing_camera)
+
+        state = np.asarray(raw.state)
+        if state.ndim != 1:
+            raise ValueError(f"state must be 1-D, got shape {state.shape}")
+        if spec.state_dim is not None and state.shape[0] != spec.state_dim:
+            raise ValueError(f"state has {state.shape[0]} dims; the checkpoint expects {spec.state_dim}")
+        if not np.all(np.isfinite(state)):
+            raise ValueError("state contains NaN or Inf")
+        if spec.framework == "lerobot":
+            state = state.astype(np.float32)  # LeRobot robots and datasets give float32; its maths follows
+        else:
+            state = decode_state(state.astype(np.float64), spec.robot_adapter)
+        norm_state = normalize(state, spec.state_norm)
+        prompt = self.tokenizer.tokenize_action_prompt(raw.task, norm_state if spec.state_in_prompt else None,
+                                                       clip_state=spec.clip_state)
+        n = prompt.num_tokens
+        obs = Observation(
+            images=torch.from_numpy(images)[None], image_masks=torch.from_numpy(masks)[None],
+            tokens=torch.from_numpy(prompt.ids[:n].copy())[None],  # padding would only cost compute
+            token_mask=torch.from_numpy(prompt.mask[:n].copy())[None],
+            state=torch.from_numpy(np.asarray(norm_state, dtype=np.float32))[None])
+        return PreparedObservation(obs, state, n, prompt.truncated, np.asarray(norm_state))
+
+    # ------------------------------------------------------------------------------------------ outputs
+    def postprocess(self, chunk: np.ndarray | torch.Tensor, prepared: PreparedObservation) -> np.ndarray:
+        """Model chunk [H, A] -> robot-unit actions [H, action_dims] (float32): dims kept, unnormalised, deltas made
+        absolute, robot adapter applied."""
+        spec = self.spec
+        if isinstance(chunk, torch.Tensor):
+            chunk = chunk.detach().float().cpu().numpy()
+        actions = np.asarray(chunk)[..., : spec.action_dims]
+        if spec.framework != "lerobot":
+            actions = actions.astype(np.float64)
+        actions = unnormalize(actions, spec.action_norm)
+        if any(spec.delta_mask):
+            mask = np.zeros(spec.action_dims, dtype=bool)
+            mask[: len(spec.delta_mask)] = spec.delta_mask[: spec.action_dims]
+            ref = np.zeros(spec.action_dims, dtype=actions.dtype)
+            n = min(spec.action_dims, prepared.reference_state.shape[0])
+            ref[:n] = prepared.reference_state[:n]
+            actions = actions + np.where(mask, ref, 0).astype(actions.dtype)
+        actions = encode_actions(np.array(actions), spec.robot_adapter)
+        return np.asarray(actions, dtype=np.float32)
+
+    # ------------------------------------------------------------------------------------------ reference
+    @torch.no_grad()
+    def infer(self, raw: RawObservation, noise: np.ndarray | torch.Tensor | None = None,
+              num_steps: int | None = None) -> np.ndarray:
+        """The robot-unit chunk [H, D] for one observation (prefill + denoise, no language)."""
+        prepared = self.prepare(raw)
+        obs = prepared.observation.to(self.model.device, self.model.dtype)
+        if noise is not None:
+            noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
+            noise = noise.reshape(1, self.spec.chunk_size, -1).to(self.model.device, torch.float32)
+        chunk = self.model.sample_actions(obs, noise, num_steps)[0]
+        return self.postprocess(chunk, prepared)
+
+
+def _sizes_sidecar(directory: Path) -> dict | None:
+    for candidate in (directory / SIZES_SIDECAR, directory.parent / SIZES_SIDECAR):
+        if candidate.is_file():
+            data = read_json(candidate)
+            return data if isinstance(data, dict) else None
+    return None
+
+
+def load_policy(checkpoint: str | Path, options: SpecOptions | None = None, *, dtype: torch.dtype = torch.float32,
+                device: torch.device | str = "cpu", generated: bool = False) -> Policy:
+    """Read a checkpoint directory of any supported layout into a :class:`Policy`.
+
+    Raises:
+        PolicyConfigError: an unusable file or option, naming the file and field (weights included).
+    """
+    options = options or SpecOptions()
+    directory = Path(checkpoint).expanduser()
+    layout = detect_layout(directory)
+    try:
+        tensors = read_tensors(directory / "model.safetensors")
+        if layout == "oxygen":
+            config = read_oxygen_config(directory)
+            spec, overrides = read_oxygen(directory, options, config, generated)
+        else:
+            base = infer_config(tensors, get_config("pi05").replace(name=directory.name or layout),
+                                _sizes_sidecar(directory), str(directory / "model.safetensors"))
+            reader = read_lerobot if layout == "lerobot" else read_openpi
+            spec, overrides = reader(directory, options, base.vision.image_size)
+            config = base.replace(**overrides)
+        if len(spec.camera_slots) != config.num_cameras:
+            raise PolicyConfigError(f"{directory}: {len(spec.camera_slots)} camera slots but the model config has "
+                                    f"{config.num_cameras}")
+        model = Pi05Model(config)
+        load_state_dict_into(model, tensors, source=str(directory / "model.safetensors"))
+    except CheckpointError as e:
+        raise PolicyConfigError(str(e)) from e
+    if spec.action_dims > config.action_dim:
+        raise PolicyConfigError(f"{directory}: {spec.action_dims} action dims kept but the model outputs "
+                                f"{config.action_dim}")
+    try:
+        tokenizer = PromptTokenizer(spec.tokenizer, max_token_len=spec.max_token_len)
+    except (OSError, ValueError) as e:
+        raise PolicyConfigError(f"tokenizer {spec.tokenizer}: {e}") from e
+    if tokenizer.vocab_size > config.vocab_size:
+        raise PolicyConfigError(f"tokenizer {spec.tokenizer}: {tokenizer.vocab_size} pieces but the model has "
+                                f"only {config.vocab_size} embeddings")
+    return Policy(spec, model.to(device=device, dtype=dtype).eval(), tokenizer)
+
+
+def with_action_dims(policy: Policy, dims: int) -> Policy:
+    """The same policy publishing ``dims`` action dims (only for checkpoints without action statistics)."""
+    policy.spec = dataclasses.replace(policy.spec, action_dims=dims)
+    return policy
