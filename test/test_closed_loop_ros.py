@@ -54,24 +54,23 @@ def test_node_builds_the_same_model_input_as_training_and_evaluation() -> None:
     from sensor_msgs.msg import JointState
     from std_msgs.msg import String
 
-    from oxygen_ros.engine.tokenizer import PromptTokenizer
+    from oxygen_ros.policy import load_policy
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import array_to_image_msg
-    from oxygen_ros.ros.norm_stats import Normalizer, load_norm_stats
     from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder
-    from oxygen_ros.ros.publishers import ActionPostprocessor, time_msg
+    from oxygen_ros.ros.publishers import time_msg
     from oxygen_ros.train.policy import NormStats, to_model_observation
     from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld
 
-    tok = PromptTokenizer(TOY_MODEL_DIR, 48)
-    normalizer = Normalizer(load_norm_stats(TOY_MODEL_DIR / "norm_stats.json"), "quantile")
+    policy = load_policy(TOY_MODEL_DIR)
+    tok = policy.tokenizer
     stats = NormStats.load(TOY_MODEL_DIR)
     world = TabletopWorld()
     for seed in range(5):
         obs = world.reset(1_000_000 + seed)
         world.step(np.array([0.3 + 0.1 * seed, 0.6, 0.5, 0.0]))
         obs = world.observation()
-        store = InputStore(CAMERAS, 64, JOINT_NAMES, ReasonCounter(None, "rejected"))
+        store = InputStore(CAMERAS, JOINT_NAMES, ReasonCounter(None, "rejected"))
         stamp = 10**9
         for i, cam in enumerate(CAMERAS):
             store.on_image(i, array_to_image_msg(obs.images[cam], stamp))
@@ -79,13 +78,13 @@ def test_node_builds_the_same_model_input_as_training_and_evaluation() -> None:
         js.header.stamp = time_msg(stamp)
         store.on_joint_state(js)
         store.on_instruction(String(data=obs.instruction))
-        built = ObservationBuilder(store, CAMERAS, tok, normalizer, 4, 0.5).build(stamp)
+        built = ObservationBuilder(store, policy, 0.5).build(stamp)
         ref = to_model_observation(obs, tok, stats)
-        node_obs = built.observation
-        torch.testing.assert_close(node_obs.images, ref.images)
-        # the same valid prompt tokens (the node leaves out the masked padding the evaluation carries)
+        node_obs = built.prepared.observation
+        assert torch.equal(node_obs.images, ref.images)
+        # the same valid prompt tokens (the node leaves out the masked padding the training batches carry)
         assert torch.equal(node_obs.tokens[node_obs.token_mask], ref.tokens[ref.token_mask])
         assert torch.equal(node_obs.state, ref.state)
         chunk = np.random.default_rng(seed).uniform(-1, 1, (8, 4))
-        np.testing.assert_allclose(ActionPostprocessor(normalizer, 4)(chunk, obs.state),
-                                   stats.actions_from_model(chunk, obs.state), atol=1e-5)
+        np.testing.assert_array_equal(policy.postprocess(chunk, built.prepared),
+                                      stats.actions_from_model(chunk, obs.state))

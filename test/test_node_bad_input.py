@@ -38,11 +38,11 @@ from oxygen_ros.ros.diagnostics import NodeStats, ReasonCounter  # noqa: E402
 from oxygen_ros.ros.harness import NodeProcess, Probe  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
 from oxygen_ros.ros.node import OxygenNode  # noqa: E402
-from oxygen_ros.ros.norm_stats import Normalizer, NormStatsError, load_norm_stats, pad_or_truncate  # noqa: E402
+from oxygen_ros.policy import Policy, load_policy  # noqa: E402
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
-from oxygen_ros.ros.publishers import ActionPostprocessor, make_trajectory  # noqa: E402
-from oxygen_ros.tools.make_tokenizer import make_test_tokenizer  # noqa: E402
+from oxygen_ros.ros.publishers import make_trajectory  # noqa: E402
+from oxygen_ros.tools.make_checkpoint import make_random_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
@@ -57,11 +57,12 @@ def test_defaults_need_a_model_and_joints() -> None:
         validate({})
     assert {p.split(":")[0] for p in e.value.problems} == {"checkpoint_path", "joint_names"}
     p = validate(BASE)
-    assert p.period_s == pytest.approx(0.1) and p.robot_action_names == tuple(JOINTS)
+    assert p.period_s == pytest.approx(0.1) and p.robot_action_names(len(JOINTS)) == tuple(JOINTS)
+    assert p.robot_action_names(3) == ("action_0", "action_1", "action_2")
 
 
 @pytest.mark.parametrize("name, value", [
-    ("mode", "parallel_universe"), ("num_steps", 0), ("k", -1), ("k", 2.5), ("max_new_tokens", "30"),
+    ("mode", "parallel_universe"), ("num_steps", -1), ("actions_per_chunk", -2), ("k", -1), ("k", 2.5), ("max_new_tokens", "30"),
     ("control_rate_hz", 0.0), ("control_rate_hz", "fast"), ("max_image_age_s", -1.0), ("overflow", "explode"),
     ("camera_reliability", "sometimes"), ("device", "tpu"), ("dtype", "float8"), ("model", "gpt5"),
     ("camera_topics", ["/a"]), ("camera_compressed", [True]), ("camera_names", ["a", "a"]),
@@ -100,73 +101,35 @@ def test_parameter_table_lists_every_parameter() -> None:
     assert all(f"`{s.name}`" in table for s in PARAMS)
 
 
-# ---------------------------------------------------------------------------------------------- norm stats
-def write_stats(path: Path, dim: int = 8, top_key: bool = True) -> Path:
-    rng = np.random.default_rng(0)
-    q01 = -rng.uniform(0.5, 2, dim)
-    stats = {k: {"mean": np.zeros(dim).tolist(), "std": np.full(dim, 0.5).tolist(), "q01": q01.tolist(),
-                 "q99": (-q01 * 2).tolist()} for k in ("state", "actions")}
-    path.write_text(json.dumps({"norm_stats": stats} if top_key else stats))
-    return path
-
-
-@pytest.mark.parametrize("mode", ["quantile", "mean_std"])
-def test_norm_stats_round_trip(tmp_path: Path, mode: str) -> None:
-    norm = Normalizer(load_norm_stats(write_stats(tmp_path / "n.json")), mode)
-    x = np.random.default_rng(1).normal(size=(10, 8))
-    assert np.allclose(norm.unnormalize_state(norm.normalize_state(x)), x)
-    assert np.allclose(norm.unnormalize_actions(norm.normalize_actions(x)), x)
-
-
-def test_quantile_normalisation_matches_openpi(tmp_path: Path) -> None:
-    stats = load_norm_stats(write_stats(tmp_path / "n.json", top_key=False))
-    norm = Normalizer(stats, "quantile")
-    lo, hi = stats.state.q01, stats.state.q99
-    assert np.allclose(norm.normalize_state(lo), -1, atol=1e-5) and np.allclose(norm.normalize_state(hi), 1, atol=1e-5)
-    # shorter vectors use the first stats; model dims beyond the stats pass through
-    assert norm.normalize_state(lo[:3]).shape == (3,)
-    wide = np.zeros((2, 32))
-    out = norm.unnormalize_actions(wide)
-    assert np.allclose(out[:, 8:], 0) and np.allclose(out[:, :8], (lo + hi) / 2, atol=1e-5)
-    assert pad_or_truncate(np.ones(3), 5).tolist() == [1, 1, 1, 0, 0]
-    assert pad_or_truncate(np.ones((2, 6)), 4).shape == (2, 4)
-
-
-@pytest.mark.parametrize("content", [
-    "{", "[]", '{"norm_stats": {"state": {"mean": [1, 2]}}}', '{"state": {"mean": [1], "std": [1, 2]}}',
-    '{"state": {"mean": ["x"], "std": [1]}}', '{"actions": {"mean": [NaN], "std": [1]}}',
-])
-def test_bad_norm_stats_files_are_rejected(tmp_path: Path, content: str) -> None:
-    (tmp_path / "n.json").write_text(content)
-    with pytest.raises(NormStatsError):
-        load_norm_stats(tmp_path / "n.json")
-    with pytest.raises(NormStatsError):
-        load_norm_stats(tmp_path / "missing.json")
-
-
-def test_actions_postprocessing_adds_state_to_delta_dims() -> None:
-    post = ActionPostprocessor(Normalizer(None, "none"), action_dim=3, delta_mask=[True, False])
-    chunk = np.ones((4, 32), dtype=np.float32)
-    out = post(chunk, state=np.array([10.0, 20.0, 30.0]))
-    assert out.shape == (4, 3) and out[0].tolist() == [11.0, 1.0, 1.0]
+# ---------------------------------------------------------------------------------------------- trajectory
+def test_trajectory_points_start_in_the_future_and_increase() -> None:
+    out = np.ones((4, 3), dtype=np.float32)
     traj = make_trajectory(out, ["a", "b", "c"], dt_s=0.05)
     times = [p.time_from_start.nanosec for p in traj.points]
     assert times[0] == 50_000_000 and times == sorted(set(times))
 
 
 # ---------------------------------------------------------------------------------------------- observations
-@pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory) -> PromptTokenizer:
-    path = make_test_tokenizer(tmp_path_factory.mktemp("tok"), vocab_size=512)
-    return PromptTokenizer(path, max_token_len=128)
-
-
-CFG = get_config("tiny", None, camera_names=("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"))
+CFG = get_config("tiny", None, camera_names=("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"),
+                 max_token_len=128)
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 
 
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory) -> Policy:
+    """A generated tiny checkpoint in our layout (no statistics: identity normalisation)."""
+    out = make_random_checkpoint(tmp_path_factory.mktemp("ckpt"), "tiny", None, tokenizer=True,
+                                 camera_names=CFG.camera_names, max_token_len=128)
+    return load_policy(out, generated=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(policy: Policy) -> PromptTokenizer:
+    return policy.tokenizer
+
+
 def make_store(**kw) -> InputStore:
-    return InputStore(CAMS, CFG.vision.image_size, JOINTS, ReasonCounter(None, "rejected"), **kw)
+    return InputStore(CAMS, JOINTS, ReasonCounter(None, "rejected"), **kw)
 
 
 def image(stamp_ns: int, h: int = 40, w: int = 60, encoding: str = "rgb8") -> Image:
@@ -186,22 +149,22 @@ def feed(store: InputStore, stamp_ns: int = 10 * SEC) -> None:
     assert store.on_instruction(String(data="put the red block on the blue plate"))
 
 
-def builder(store: InputStore, tokenizer: PromptTokenizer) -> ObservationBuilder:
-    return ObservationBuilder(store, CFG.camera_names, tokenizer, Normalizer(None, "none"), CFG.action_dim, 0.5)
+def builder(store: InputStore, policy: Policy) -> ObservationBuilder:
+    return ObservationBuilder(store, policy, 0.5)
 
 
-def test_observation_is_built_from_the_newest_inputs(tokenizer) -> None:
+def test_observation_is_built_from_the_newest_inputs(policy, tokenizer) -> None:
     store = make_store()
     feed(store)
     store.on_image(1, image(10 * SEC + 50_000_000))
-    built = builder(store, tokenizer).build(10 * SEC + 100_000_000)
+    built = builder(store, policy).build(10 * SEC + 100_000_000)
     assert not isinstance(built, Skip), built
-    obs = built.observation
+    obs = built.prepared.observation
     obs.validate(CFG.num_cameras, CFG.vision.image_size)
     assert obs.image_masks.tolist() == [[True, True, False]], "unconfigured slots are masked out"
     assert built.stamp_ns == 10 * SEC + 50_000_000, "observation time = newest camera stamp"
     assert "put the red block" in tokenizer.decode(obs.tokens[0].tolist())
-    assert obs.token_mask.all() and obs.state.shape == (1, CFG.action_dim)
+    assert obs.token_mask.all() and obs.state.shape == (1, len(JOINTS))
 
 
 @pytest.mark.parametrize("case, reason", [
@@ -209,7 +172,7 @@ def test_observation_is_built_from_the_newest_inputs(tokenizer) -> None:
     ("future", "stale_camera"), ("no_state", "no_state"), ("partial_state", "no_state"),
     ("nan_state", "invalid_state"), ("no_instruction", "no_instruction"),
 ])
-def test_frames_are_skipped_with_a_reason(tokenizer, case: str, reason: str) -> None:
+def test_frames_are_skipped_with_a_reason(policy, case: str, reason: str) -> None:
     store, now = make_store(), 10 * SEC
     if case != "no_images":
         store.on_image(0, image(now))
@@ -223,17 +186,17 @@ def test_frames_are_skipped_with_a_reason(tokenizer, case: str, reason: str) -> 
         store.on_joint_state(joints())
     if case != "no_instruction":
         store.on_instruction(String(data="go"))
-    built = builder(store, tokenizer).build(now)
+    built = builder(store, policy).build(now)
     assert isinstance(built, Skip) and built.reason == reason, built
 
 
-def test_partial_joint_states_are_merged(tokenizer) -> None:
+def test_partial_joint_states_are_merged(policy) -> None:
     store = make_store(instruction="go")
     for i in range(2):
         store.on_image(i, image(SEC))
     assert store.on_joint_state(joints(JOINTS[:4], [1.0] * 4))
     assert store.on_joint_state(joints(["other_robot_joint"] + JOINTS[4:], [9.0] + [2.0] * 4))
-    built = builder(store, tokenizer).build(SEC)
+    built = builder(store, policy).build(SEC)
     assert not isinstance(built, Skip) and built.state.tolist() == [1.0] * 4 + [2.0] * 4
 
 
@@ -324,14 +287,14 @@ def test_configure_fails_cleanly_on_bad_parameters_then_recovers(context) -> Non
     node = make_node(context, mode="bogus", camera_topics=["/only_one"], camera_names=["base_0_rgb", "x"])
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
-        assert node.params is None and node._engine is None
+        assert node.params is None and node._runner is None
         node.set_parameters([Parameter("mode", value="oxygen"), Parameter("camera_topics", value=["/a", "/b"]),
                              Parameter("camera_names", value=["base_0_rgb", "left_wrist_0_rgb"])])
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
         assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
         assert node.trigger_cleanup() == TransitionCallbackReturn.SUCCESS
-        assert node._loaded is None and node._engine is None
+        assert node._loaded is None and node._runner is None
     finally:
         node.destroy_node()
 
@@ -349,7 +312,7 @@ def test_configure_fails_for_missing_checkpoint_and_unknown_camera(context, tmp_
         node.destroy_node()
 
 
-def test_engine_exception_is_counted_and_the_node_keeps_going(context, tokenizer) -> None:
+def test_engine_exception_is_counted_and_the_node_keeps_going(context) -> None:
     node = make_node(context, camera_names=list(CAMS), max_image_age_s=1e9)
     try:
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
@@ -357,7 +320,7 @@ def test_engine_exception_is_counted_and_the_node_keeps_going(context, tokenizer
         feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
         node._on_tick()
         assert node.stats.frames == 1
-        node._engine.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA fell over"))
+        node._runner.engine.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA fell over"))
         node._on_tick()  # must not raise
         assert node.stats.errors.get("RuntimeError") == 1
         node._on_tick()  # a fresh engine serves the next frame

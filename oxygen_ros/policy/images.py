@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-__all__ = ["as_hwc_uint8", "assemble_slots", "image_to_model"]
+__all__ = ["as_hwc_uint8", "assemble_slots", "image_to_model", "pixels_to_model"]
 
 
 def as_hwc_uint8(image: np.ndarray, name: str = "image") -> np.ndarray:
@@ -64,12 +64,17 @@ def _torch_resize_with_pad(x: torch.Tensor, size: int) -> torch.Tensor:
     return F.pad(x, (left, left + rem_w, top, top + rem_h), mode="constant", value=0.0)
 
 
+def pixels_to_model(images: np.ndarray) -> torch.Tensor:
+    """uint8 [..., H, W, 3] -> float32 [..., 3, H, W] in [-1, 1]: openpi's ``x / 255 * 2 - 1`` (also what the toy
+    models are trained on)."""
+    x = torch.from_numpy(np.array(images, copy=True)).to(torch.float32) / 255.0 * 2.0 - 1.0
+    return x.movedim(-1, -3).contiguous()
+
+
 def image_to_model(image: np.ndarray, size: int, resize: str) -> np.ndarray:
     """uint8 RGB [H, W, 3] -> float32 [3, size, size] in [-1, 1] per the ``resize`` convention."""
     if resize == "pil_bilinear":
-        square = _pil_resize_with_pad(image, size)
-        x = torch.from_numpy(np.ascontiguousarray(square)).to(torch.float32) / 255.0 * 2.0 - 1.0
-        return x.permute(2, 0, 1).contiguous().numpy()
+        return pixels_to_model(_pil_resize_with_pad(image, size)).numpy()
     if resize == "torch_bilinear":
         x = torch.from_numpy(image).to(torch.float32) / 255
         x = _torch_resize_with_pad(x.permute(2, 0, 1)[None], size)

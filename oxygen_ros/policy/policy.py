@@ -108,6 +108,8 @@ class Policy:
         else:
             state = decode_state(state.astype(np.float64), spec.robot_adapter)
         norm_state = normalize(state, spec.state_norm)
+        if spec.framework == "oxygen":
+            norm_state = np.asarray(norm_state, dtype=np.float32)  # our checkpoints are trained on float32 states
         prompt = self.tokenizer.tokenize_action_prompt(raw.task, norm_state if spec.state_in_prompt else None,
                                                        clip_state=spec.clip_state)
         n = prompt.num_tokens
@@ -120,8 +122,8 @@ class Policy:
 
     # ------------------------------------------------------------------------------------------ outputs
     def postprocess(self, chunk: np.ndarray | torch.Tensor, prepared: PreparedObservation) -> np.ndarray:
-        """Model chunk [H, A] -> robot-unit actions [H, action_dims] (float32): dims kept, unnormalised, deltas made
-        absolute, robot adapter applied."""
+        """Model chunk [H, A] -> robot-unit actions [H, action_dims]: dims kept, unnormalised, deltas made absolute,
+        robot adapter applied; in the framework's precision (LeRobot float32, openpi and ours float64)."""
         spec = self.spec
         if isinstance(chunk, torch.Tensor):
             chunk = chunk.detach().float().cpu().numpy()
@@ -136,8 +138,7 @@ class Policy:
             n = min(spec.action_dims, prepared.reference_state.shape[0])
             ref[:n] = prepared.reference_state[:n]
             actions = actions + np.where(mask, ref, 0).astype(actions.dtype)
-        actions = encode_actions(np.array(actions), spec.robot_adapter)
-        return np.asarray(actions, dtype=np.float32)
+        return encode_actions(np.array(actions), spec.robot_adapter)
 
     # ------------------------------------------------------------------------------------------ reference
     @torch.no_grad()

@@ -53,7 +53,7 @@ class PolicySpec:
         checkpoint: the checkpoint directory.
         camera_slots: the model's image slots in prefix order (LeRobot: its VISUAL features, then
             ``empty_camera_i`` placeholders).
-        required_cameras: cameras an observation must have (LeRobot raises only when all are missing).
+        default_cameras: the slots a robot of this checkpoint normally feeds (the node's default camera_names).
         missing_camera: :data:`MISSING_CAMERA_RULES`.
         image_resize: :data:`IMAGE_RESIZES`.
         image_size: square model image side.
@@ -93,7 +93,7 @@ class PolicySpec:
     tokenizer: Path | None = None
     max_token_len: int = 200
     time_schedule: str = "accumulate"
-    required_cameras: tuple[str, ...] = ()
+    default_cameras: tuple[str, ...] = ()
     rename_map: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
 

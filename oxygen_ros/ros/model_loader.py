@@ -1,8 +1,11 @@
-"""Load (or generate) the model, tokenizer and norm stats the node runs with; build its engine."""
+"""What configure loads: the policy (checkpoint, its I/O contract, tokenizer) checked against the parameters, and
+the frame runner around its engine. Every conflict is a ValueError naming the parameter, never a silent override.
+"""
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -10,33 +13,32 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.engine import Pi05Model
-from oxygen_ros.engine.checkpoint import load_checkpoint, read_config
 from oxygen_ros.engine.config import CAMERA_SLOTS
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.requests import Frame, LanguageRequest
-from oxygen_ros.engine.tokenizer import MODEL_FILENAMES, PromptTokenizer
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
+from oxygen_ros.policy import Policy, SpecOptions, load_policy
+from oxygen_ros.policy.policy import with_action_dims
+from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
 
-from .norm_stats import Normalizer, load_norm_stats
 from .params import NodeParams
 
-__all__ = ["LoadedModel", "build_node_engine", "engine_config", "load_model", "resolve_device", "warm_up"]
+__all__ = ["LoadedPolicy", "build_runner", "engine_config", "load_node_policy", "resolve_device", "warm_up"]
 
-NORM_STATS_NAME = "norm_stats.json"
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
-class LoadedModel:
-    """What configure loads; ``temp_dir`` (generated models) is deleted by :meth:`release`."""
+class LoadedPolicy:
+    """The loaded policy and the parameters completed from it; ``temp_dir`` (generated models) is deleted by
+    :meth:`release`."""
 
-    model: Pi05Model
-    tokenizer: PromptTokenizer
-    normalizer: Normalizer
+    policy: Policy
+    params: NodeParams  # camera_names, num_steps filled in
+    action_names: tuple[str, ...]
     source: str
-    notes: list[str] = field(default_factory=list)  # warnings for the node's log
+    notes: list[str] = field(default_factory=list)
     temp_dir: Path | None = None
 
     def release(self) -> None:
@@ -78,90 +80,124 @@ def _generate_random_tiny(p: NodeParams) -> Path:
     atexit.register(shutil.rmtree, out, ignore_errors=True)  # also when the process ends without a cleanup
     cameras = p.camera_names if p.camera_names and set(p.camera_names) <= set(CAMERA_SLOTS) else CAMERA_SLOTS
     overrides = {"camera_names": tuple(cameras), "max_token_len": 128,
-                 "action_dim": max(8, len(p.joint_names), len(p.robot_action_names))}
+                 "action_dim": max(8, len(p.joint_names), len(p.action_names))}
     if p.action_horizon:
         overrides["action_horizon"] = p.action_horizon
     return make_random_checkpoint(out, "tiny", preset=None, seed=p.seed, tokenizer=True, std=0.3, **overrides)
 
 
-def load_model(p: NodeParams) -> LoadedModel:
-    """Load checkpoint, tokenizer and norm stats as the parameters say.
-
-    Raises:
-        ValueError, FileNotFoundError, CheckpointError, NormStatsError: with a message naming the parameter.
-    """
-    device, dtype = resolve_device(p.device, p.dtype)
-    temp_dir = None
-    notes: list[str] = []
+def _checkpoint_dir(p: NodeParams) -> tuple[Path, str, Path | None]:
     if p.model == "random_tiny":
-        temp_dir = _generate_random_tiny(p)
-        ckpt = temp_dir
-        source = f"random_tiny (generated in {temp_dir})"
-    elif p.model == "toy":
+        out = _generate_random_tiny(p)
+        return out, f"random_tiny (generated in {out})", out
+    if p.model == "toy":
+        if p.checkpoint_path:
+            raise ValueError(f"checkpoint_path: {p.checkpoint_path!r} is set but model is 'toy' (which would be "
+                             "loaded instead); set model:='' to load checkpoint_path")
         if not toy_model_available():
             raise FileNotFoundError(f"model: toy needs the trained files in {TOY_MODEL_DIR} (python -m "
                                     f"oxygen_ros.train.train --out {TOY_MODEL_DIR})")
-        ckpt = TOY_MODEL_DIR
-        source = f"toy ({TOY_MODEL_DIR})"
-    else:
-        ckpt = Path(p.checkpoint_path).expanduser()
-        if not ckpt.exists():
-            raise FileNotFoundError(f"checkpoint_path: {ckpt} does not exist")
-        source = str(ckpt)
+        return TOY_MODEL_DIR, f"toy ({TOY_MODEL_DIR})", None
+    ckpt = Path(p.checkpoint_path).expanduser()
+    if not ckpt.exists():
+        raise FileNotFoundError(f"checkpoint_path: {ckpt} does not exist")
+    return ckpt, str(ckpt), None
+
+
+def load_node_policy(p: NodeParams) -> LoadedPolicy:
+    """Load the checkpoint the parameters name and check every parameter against its contract.
+
+    Raises:
+        ValueError, FileNotFoundError, PolicyConfigError: with a message naming the parameter or file.
+    """
+    device, dtype = resolve_device(p.device, p.dtype)
+    ckpt, source, temp_dir = _checkpoint_dir(p)
     try:
-        ckpt_dir = ckpt if ckpt.is_dir() else ckpt.parent
-        config = read_config(ckpt_dir)
-        if p.action_horizon:
-            config = config.replace(action_horizon=p.action_horizon)
-        model = load_checkpoint(ckpt, config=config, dtype=dtype, device=device)
-
-        tok_path = Path(p.tokenizer_path).expanduser() if p.tokenizer_path else ckpt_dir
-        if not p.tokenizer_path and not any((ckpt_dir / n).is_file() for n in MODEL_FILENAMES):
-            raise FileNotFoundError(f"tokenizer_path: not set and no {' / '.join(MODEL_FILENAMES)} in {ckpt_dir}")
-        tokenizer = PromptTokenizer(tok_path, max_token_len=model.config.max_token_len)
-        if tokenizer.vocab_size > model.config.vocab_size:
-            raise ValueError(f"tokenizer_path: {tokenizer.vocab_size} pieces but the model has only "
-                             f"{model.config.vocab_size} embeddings")
-
-        stats_path = Path(p.norm_stats_path).expanduser() if p.norm_stats_path else ckpt_dir / NORM_STATS_NAME
-        if p.normalization == "none":
-            stats = None
-        elif p.norm_stats_path or stats_path.is_file():
-            stats = load_norm_stats(stats_path)
-        else:
-            stats = None
-            notes.append(f"no norm stats ({stats_path} missing, norm_stats_path unset): state and actions are "
-                         "used as they are (normalization disabled)")
-        normalizer = Normalizer(stats, p.normalization if stats is not None else "none")
+        options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
+        policy = load_policy(ckpt, options, dtype=dtype, device=device, generated=temp_dir is not None)
+        spec = policy.spec
+        if spec.action_norm is None and spec.framework == "oxygen" and p.action_names:
+            policy = with_action_dims(policy, len(p.action_names))  # unnormalised: the robot says its dims
+            spec = policy.spec
+        p, names, notes = _reconcile(p, policy)
     except BaseException:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    return LoadedModel(model, tokenizer, normalizer, source, notes, temp_dir)
+    return LoadedPolicy(policy, p, names, source, [spec.summary(), *spec.notes, *notes], temp_dir)
+
+
+def _reconcile(p: NodeParams, policy: Policy) -> tuple[NodeParams, tuple[str, ...], list[str]]:
+    """Parameters completed from the checkpoint's contract; every contradiction raises ValueError."""
+    spec, cfg = policy.spec, policy.model.config
+    notes: list[str] = []
+    if p.action_horizon and p.action_horizon != spec.chunk_size:
+        raise ValueError(f"action_horizon: {p.action_horizon} but the checkpoint denoises chunks of "
+                         f"{spec.chunk_size} (it decides; use actions_per_chunk to execute fewer)")
+    if p.actions_per_chunk > spec.chunk_size:
+        raise ValueError(f"actions_per_chunk: {p.actions_per_chunk} > the checkpoint's chunk of {spec.chunk_size}")
+    cameras = p.camera_names or spec.default_cameras or spec.camera_slots
+    unknown = [c for c in cameras if c not in spec.camera_slots]
+    if unknown:
+        raise ValueError(f"camera_names: {unknown} are not camera slots of the checkpoint "
+                         f"{list(spec.camera_slots)}")
+    if len(cameras) > len(spec.camera_slots):
+        raise ValueError(f"camera_names: {len(cameras)} cameras but the model has {len(spec.camera_slots)} slots")
+    if spec.state_dim is not None and len(p.joint_names) != spec.state_dim:
+        raise ValueError(f"joint_names: {len(p.joint_names)} joints but the checkpoint's state has "
+                         f"{spec.state_dim} dims")
+    if p.action_names and len(p.action_names) != spec.action_dims:
+        raise ValueError(f"action_names: {len(p.action_names)} names but the checkpoint outputs "
+                         f"{spec.action_dims} action dims")
+    if p.delta_action_mask:
+        if any(spec.delta_mask):
+            raise ValueError("delta_action_mask: the checkpoint defines its own delta dims "
+                             f"({list(spec.delta_mask)}); leave the parameter empty")
+        if len(p.delta_action_mask) > spec.action_dims:
+            raise ValueError(f"delta_action_mask: {len(p.delta_action_mask)} flags for {spec.action_dims} action dims")
+        policy.spec = dataclasses.replace(spec, delta_mask=tuple(p.delta_action_mask))
+    deltas = [i for i, d in enumerate(policy.spec.delta_mask) if d]
+    if deltas and max(deltas) >= len(p.joint_names):
+        raise ValueError(f"joint_names: {len(p.joint_names)} joints, but action dim {max(deltas)} is a delta "
+                         "relative to the state")
+    num_steps = p.num_steps or cfg.num_steps
+    names = p.robot_action_names(spec.action_dims)
+    if not p.action_names and names != p.joint_names:
+        notes.append(f"action_names not set: publishing {spec.action_dims} dims as {names[0]}..")
+    return dataclasses.replace(p, camera_names=tuple(cameras), num_steps=num_steps), names, notes
 
 
 def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None) -> EngineConfig:
+    """The engine configuration the parameters describe."""
     return EngineConfig(mode=p.mode, num_steps=p.num_steps, k="auto" if p.k_auto else p.k,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
                         max_new_tokens=p.max_new_tokens, max_prompt_tokens=p.max_prompt_tokens, eos_id=eos_id)
 
 
-def build_node_engine(p: NodeParams, loaded: LoadedModel) -> Engine:
-    """The engine for the node's parameters."""
-    return build_engine(loaded.model, engine_config(p, loaded.tokenizer.eos_id), detokenize=loaded.tokenizer.decode)
+def build_runner(loaded: LoadedPolicy) -> FrameRunner:
+    """The frame runner for the loaded policy and its parameters (noise seeded per frame by ``seed``)."""
+    p, policy = loaded.params, loaded.policy
+    tok = policy.tokenizer
+
+    def factory() -> Engine:
+        return build_engine(policy.model, engine_config(p, tok.eos_id), detokenize=tok.decode)
+
+    language = LanguageSchedule(p.request_every_n_frames, p.request_task, p.request_prompt, p.max_new_tokens,
+                                p.max_prompt_tokens)
+    return FrameRunner(policy, factory, language, seeded_noise(p.seed), p.actions_per_chunk or None)
 
 
-def warm_up(p: NodeParams, loaded: LoadedModel, frames: int = 2) -> float:
+def warm_up(loaded: LoadedPolicy, frames: int = 2) -> float:
     """Run a few throw-away frames (prefill, denoise, one short language request) on a small separate engine,
     so the first real frame does not pay one-off costs. Returns the last frame's time in seconds."""
-    cfg = loaded.model.config
-    engine = build_engine(loaded.model, engine_config(p, loaded.tokenizer.eos_id, max_inflight=1),
-                          detokenize=loaded.tokenizer.decode)
+    p, policy = loaded.params, loaded.policy
+    cfg, tok = policy.model.config, policy.tokenizer
+    engine = build_engine(policy.model, engine_config(p, tok.eos_id, max_inflight=1), detokenize=tok.decode)
     s = cfg.vision.image_size
-    ids = [loaded.tokenizer.bos_id] + loaded.tokenizer.encode("Task: warm up, State: ;\nAction: ")
+    ids = [tok.bos_id] + tok.encode("Task: warm up, State: ;\nAction: ")
+    n = min(len(ids), cfg.max_token_len)
     obs = Observation(torch.zeros(1, cfg.num_cameras, 3, s, s), torch.ones(1, cfg.num_cameras, dtype=torch.bool),
-                      torch.tensor([ids[: cfg.max_token_len]]), torch.ones(1, min(len(ids), cfg.max_token_len),
-                                                                           dtype=torch.bool))
+                      torch.tensor([ids[:n]]), torch.ones(1, n, dtype=torch.bool))
     request = LanguageRequest(task="memory", max_new_tokens=min(2, p.max_new_tokens))
     last = 0.0
     for _ in range(frames):
@@ -169,22 +205,3 @@ def warm_up(p: NodeParams, loaded: LoadedModel, frames: int = 2) -> float:
         last = result.timings.get("frame", 0.0)
     return last
 
-
-class RequestPrompt:
-    """The prompt tokens of a language request for an instruction: ``request_prompt`` formatted with the
-    instruction when set, else the task's built-in prompt; cut to ``max_prompt_tokens``, cached per instruction."""
-
-    def __init__(self, params: NodeParams, tokenizer: PromptTokenizer) -> None:
-        self._params, self._tok = params, tokenizer
-        self._cache: tuple[str, list[int]] | None = None
-
-    def tokens(self, instruction: str) -> list[int]:
-        if self._cache is not None and self._cache[0] == instruction:
-            return self._cache[1]
-        p = self._params
-        if p.request_prompt:
-            tokens = self._tok.encode(p.request_prompt.format(instruction=instruction))[: p.max_prompt_tokens]
-        else:
-            tokens = self._tok.tokenize_request(p.request_task, None, max_len=p.max_prompt_tokens)
-        self._cache = (instruction, tokens)
-        return tokens

@@ -44,15 +44,14 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
-from oxygen_ros.engine.engine import Engine
-from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.msg import ActionChunk, LanguageOutput
+from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
 from .diagnostics import NodeStats
-from .model_loader import LoadedModel, RequestPrompt, build_node_engine, load_model, warm_up
+from .model_loader import LoadedPolicy, build_runner, load_node_policy, warm_up
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
 from .params import PARAMS, NodeParams, validate
-from .publishers import ActionPostprocessor, language_output, make_action_chunk, make_trajectory
+from .publishers import language_output, make_action_chunk, make_trajectory
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode", "main"]
 
@@ -69,10 +68,10 @@ SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FA
 class OxygenNode(LifecycleNode):
     """pi0.5 VLA inference with a unified KV cache as a ROS 2 lifecycle node (see the module docstring).
 
-    ``on_configure`` validates the parameters, loads model, tokenizer and norm stats, builds the engine and runs a
-    warm-up frame; ``on_activate`` starts the control timer and enables the publishers; ``on_deactivate`` stops
-    the timer; ``on_cleanup`` releases the model. With ``autostart`` (default) the node configures and activates
-    itself once an executor spins it.
+    ``on_configure`` validates the parameters, loads the checkpoint with its I/O contract (policy layer), checks
+    the parameters against it, builds the frame runner and runs a warm-up frame; ``on_activate`` starts the
+    control timer and enables the publishers; ``on_deactivate`` stops the timer; ``on_cleanup`` releases the
+    model. With ``autostart`` (default) the node configures and activates itself once an executor spins it.
     """
 
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
@@ -102,17 +101,14 @@ class OxygenNode(LifecycleNode):
     # ------------------------------------------------------------------------------------------ lifecycle
     def _reset_runtime(self) -> None:
         self.params: NodeParams | None = None
-        self._loaded: LoadedModel | None = None
-        self._engine: Engine | None = None
+        self._loaded: LoadedPolicy | None = None
+        self._runner: FrameRunner | None = None
         self._store: InputStore | None = None
         self._builder: ObservationBuilder | None = None
-        self._post: ActionPostprocessor | None = None
         self._input_subs: list = []
         self._action_pub = self._language_pub = self._trajectory_pub = None
         self._control_timer = None
         self._worker: threading.Thread | None = None
-        self._processed = 0
-        self._request_prompt: RequestPrompt | None = None
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -133,11 +129,11 @@ class OxygenNode(LifecycleNode):
             self.get_logger().error(f"configure failed: {e}")
             self._release()
             return FAILURE
-        p, cfg = self.params, self._loaded.model.config
+        p, model = self.params, self._loaded.policy.model
         self.get_logger().info(
-            f"configured in {time.perf_counter() - t0:.1f} s: {self._loaded.source} on {self._loaded.model.device} "
-            f"({self._loaded.model.dtype}), mode={p.mode} S={p.num_steps} H={cfg.action_horizon} "
-            f"N={p.max_new_tokens} k={'auto' if p.k_auto else p.k}, cameras "
+            f"configured in {time.perf_counter() - t0:.1f} s: {self._loaded.source} on {model.device} "
+            f"({model.dtype}), mode={p.mode} S={p.num_steps} H={self._loaded.policy.spec.chunk_size} "
+            f"(execute {self._runner.n_execute}) N={p.max_new_tokens} k={'auto' if p.k_auto else p.k}, cameras "
             + ", ".join(f"{c}<-{p.camera_topic(i)}" for i, c in enumerate(p.camera_names)))
         self._state = "inactive"
         return super().on_configure(state)
@@ -152,27 +148,15 @@ class OxygenNode(LifecycleNode):
         if p.torch_threads:
             torch.set_num_threads(p.torch_threads)
         torch.manual_seed(p.seed)
-        self._loaded = loaded = load_model(p)
+        self._loaded = loaded = load_node_policy(p)
         for note in loaded.notes:
-            self.get_logger().warning(note)
-        cfg = loaded.model.config
-        if not p.camera_names:
-            p = p.with_cameras(cfg.camera_names)
-        if len(p.joint_names) > cfg.action_dim:
-            raise ValueError(f"joint_names: {len(p.joint_names)} joints but the model state/action dim is "
-                             f"{cfg.action_dim}")
-        if len(p.robot_action_names) > cfg.action_dim:
-            raise ValueError(f"action_names: {len(p.robot_action_names)} dims but the model action dim is "
-                             f"{cfg.action_dim}")
-        self.params = p
-        self._request_prompt = RequestPrompt(p, loaded.tokenizer)
-        self._store = InputStore(p.camera_names, cfg.vision.image_size, p.joint_names, self.stats.rejected_inputs,
-                                 p.max_image_pixels, p.max_instruction_chars, p.instruction)
-        self._builder = ObservationBuilder(self._store, cfg.camera_names, loaded.tokenizer, loaded.normalizer,
-                                           cfg.action_dim, p.max_image_age_s)
-        self._post = ActionPostprocessor(loaded.normalizer, len(p.robot_action_names), p.delta_action_mask)
-        self._engine = build_node_engine(p, loaded)
-        warm = warm_up(p, loaded)
+            self.get_logger().info(note)
+        self.params = p = loaded.params
+        self._store = InputStore(p.camera_names, p.joint_names, self.stats.rejected_inputs, p.max_image_pixels,
+                                 p.max_instruction_chars, p.instruction)
+        self._builder = ObservationBuilder(self._store, loaded.policy, p.max_image_age_s)
+        self._runner = build_runner(loaded)
+        warm = warm_up(loaded)
         if warm > p.period_s:
             self.get_logger().warning(f"warm-up frame took {warm * 1e3:.0f} ms, longer than the control period "
                                       f"{p.period_s * 1e3:.0f} ms: expect deadline misses")
@@ -289,7 +273,7 @@ class OxygenNode(LifecycleNode):
         if not self._engine_lock.acquire(blocking=False):
             return  # being released
         try:
-            if self._engine is None or self._builder is None:
+            if self._runner is None or self._builder is None:
                 return
             built = self._builder.build(self.get_clock().now().nanoseconds)
             if isinstance(built, Skip):
@@ -304,52 +288,43 @@ class OxygenNode(LifecycleNode):
         if built.prompt_truncated:
             self.stats.rejected_inputs.add("prompt_truncated", "instruction + state exceed the model's "
                                            "max_token_len; the prompt end is cut")
-        requests = []
-        if p.request_every_n_frames and self._processed % p.request_every_n_frames == 0:
-            prompt = self._request_prompt.tokens(built.instruction)
-            requests.append(LanguageRequest(p.request_task, p.max_new_tokens, prompt))
-        frame = Frame(built.observation, requests, stamp=built.stamp_ns)
-        latency: list[float] = []
         try:
-            result = self._engine.step(frame, on_actions=lambda i, chunks: latency.append(
-                self._publish_actions(i, chunks, built)))
+            out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
+                                    instruction=built.instruction, on_chunk=self._publish_actions)
         except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
             if not self.context.ok():
                 return  # shutting down
             self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
             self.get_logger().debug(traceback.format_exc())
-            self._engine = build_node_engine(p, self._loaded)
+            self._runner.reset()
             return
-        self._processed += 1
+        result = out.result
         self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
-                                result.dropped, latency[0] if latency else None)
+                                result.dropped, out.chunk.latency_s)
         for done in result.finished:
             if done.dropped:
                 continue  # evicted by drop_oldest before finishing: counted, not published
             self._language_pub.publish(language_output(done))
             self.stats.record_language(done.text or "")
 
-    def _publish_actions(self, frame_index: int, chunks: list[torch.Tensor], built: BuiltObservation) -> float:
-        """Publish the main head's chunk (called by the engine before any language work); returns the latency."""
-        p = self.params
-        actions = self._post(chunks[0].detach().float().cpu().numpy(), built.state)
-        latency = time.monotonic() - built.received
-        dt = 1.0 / (p.action_rate_hz or actions.shape[0] * p.control_rate_hz)
-        self._action_pub.publish(make_action_chunk(actions, built.stamp_ns, frame_index, p.robot_action_names, dt,
-                                                   latency))
+    def _publish_actions(self, chunk: ChunkOutput) -> None:
+        """Publish the chunk's executable actions (called before any language work of the frame)."""
+        p, names = self.params, self._loaded.action_names
+        dt = 1.0 / (p.action_rate_hz or chunk.actions.shape[0] * p.control_rate_hz)
+        self._action_pub.publish(make_action_chunk(chunk.actions, chunk.stamp_ns, chunk.frame_index, names, dt,
+                                                   chunk.latency_s))
         if self._trajectory_pub is not None:
-            self._trajectory_pub.publish(make_trajectory(actions, p.robot_action_names, dt))
-        return latency
+            self._trajectory_pub.publish(make_trajectory(chunk.actions, names, dt))
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def _publish_diagnostics(self) -> None:
-        engine, loaded = self._engine, self._loaded
-        horizon = loaded.model.config.action_horizon if loaded is not None else 0
+        runner, loaded = self._runner, self._loaded
+        horizon = runner.n_execute if runner is not None else 0
         p = self.params
         extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
-        hardware = str(loaded.model.device) if loaded is not None else "none"
+        hardware = str(loaded.policy.model.device) if loaded is not None else "none"
         status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
-                                   engine.backlog if engine is not None else 0, horizon, extra)
+                                   runner.backlog if runner is not None else 0, horizon, extra)
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.status = [status]

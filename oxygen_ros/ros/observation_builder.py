@@ -1,10 +1,11 @@
-"""ROS messages -> one pi0.5 :class:`Observation` per control frame.
+"""ROS messages -> one prepared policy observation per control frame.
 
 :class:`InputStore` keeps the newest valid camera image, joint positions and instruction; subscription callbacks
-call its ``on_*`` methods, which validate and decode each message (images are decoded and resized as they arrive,
-off the control thread) and count every rejected message by reason. :class:`ObservationBuilder` turns the store's
-contents into model input at each control tick, or says why the frame must be skipped (missing or stale camera,
-missing or non-finite state, no instruction): no action is computed from stale data.
+call its ``on_*`` methods, which validate and decode each message (off the control thread) and count every
+rejected message by reason. :class:`ObservationBuilder` turns the store's contents into the policy's model input at
+each control tick (:meth:`oxygen_ros.policy.Policy.prepare`: the checkpoint's own resize, normalisation and
+prompt), or says why the frame must be skipped (missing or stale camera, missing or non-finite state, no
+instruction): no action is computed from stale data.
 
 Nothing here needs a running node; the classes are unit-tested with plain messages.
 """
@@ -18,14 +19,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-from oxygen_ros.engine.observation import Observation
-from oxygen_ros.engine.tokenizer import PromptTokenizer
+from oxygen_ros.policy import Policy, PreparedObservation, RawObservation
 
 from .diagnostics import ReasonCounter
-from .image_conversion import SUPPORTED_ENCODINGS, ImageError, compressed_msg_to_array, image_msg_to_array, preprocess
-from .norm_stats import Normalizer, pad_or_truncate
+from .image_conversion import SUPPORTED_ENCODINGS, ImageError, compressed_msg_to_array, image_msg_to_array
 
 __all__ = ["BuiltObservation", "CameraImage", "InputStore", "ObservationBuilder", "Skip", "stamp_to_ns"]
 
@@ -37,20 +35,18 @@ def stamp_to_ns(stamp) -> int:
 
 @dataclass
 class CameraImage:
-    """A decoded, validated camera image. The resize to the model's input happens once, when a control frame
-    first uses it: cameras usually publish faster than the control rate, and most images are never used."""
+    """A decoded, validated camera image. The conversion to model input happens once, when a control frame first
+    uses it: cameras usually publish faster than the control rate, and most images are never used."""
 
     rgb: np.ndarray  # uint8 [H, W, 3]
     stamp_ns: int  # header stamp
     received: float  # monotonic arrival time (for latency)
-    size: int  # model image size
     _pixels: np.ndarray | None = None
 
-    @property
-    def pixels(self) -> np.ndarray:
-        """float32 [3, S, S] in [-1, 1]."""
+    def pixels(self, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """float32 [3, S, S] in [-1, 1], converted by ``convert`` on first use."""
         if self._pixels is None:
-            self._pixels = preprocess(self.rgb, self.size)
+            self._pixels = convert(self.rgb)
         return self._pixels
 
 
@@ -66,7 +62,7 @@ class Skip:
 class BuiltObservation:
     """Model input of one frame and what it was built from."""
 
-    observation: Observation
+    prepared: PreparedObservation
     stamp_ns: int  # observation time = newest camera stamp used
     received: float  # monotonic arrival of that newest image
     instruction: str
@@ -79,7 +75,6 @@ class InputStore:
 
     Args:
         camera_names: configured cameras (index i = the i-th camera subscription).
-        image_size: square model input size.
         joint_names: joints to pick from JointState messages, in state order.
         rejected: counter of rejected inputs (logs are throttled per reason).
         max_image_pixels: larger images are rejected before decoding.
@@ -87,11 +82,10 @@ class InputStore:
         instruction: initial instruction ('' = none until one arrives).
     """
 
-    def __init__(self, camera_names: Sequence[str], image_size: int, joint_names: Sequence[str],
+    def __init__(self, camera_names: Sequence[str], joint_names: Sequence[str],
                  rejected: ReasonCounter, max_image_pixels: int = 4096 * 4096, max_instruction_chars: int = 1000,
                  instruction: str = "", clock: Callable[[], float] = time.monotonic) -> None:
         self.camera_names = tuple(camera_names)
-        self.image_size = int(image_size)
         self.joint_names = tuple(joint_names)
         self._joint_index = {n: i for i, n in enumerate(self.joint_names)}
         self.rejected = rejected
@@ -143,7 +137,7 @@ class InputStore:
     def _store(self, index: int, rgb: np.ndarray, stamp) -> bool:
         if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8 or 0 in rgb.shape:
             return self._reject("image_bad_data", f"{self.camera_names[index]}: not an RGB uint8 image")
-        image = CameraImage(rgb, stamp_to_ns(stamp), self._clock(), self.image_size)
+        image = CameraImage(rgb, stamp_to_ns(stamp), self._clock())
         with self._lock:
             self._images[index] = image
         return True
@@ -199,29 +193,21 @@ class InputStore:
 
 
 class ObservationBuilder:
-    """Builds the model input for a control tick from an :class:`InputStore`.
+    """Builds the policy input for a control tick from an :class:`InputStore`.
 
     Args:
-        store: the inputs.
-        model_cameras: the model's camera slots (``config.camera_names``); configured cameras fill their slots,
-            the others are masked out.
-        tokenizer: pi0.5 prompt tokenizer (prompt = instruction + discretised normalised state).
-        normalizer: state normalisation.
-        action_dim: model action dim (the state is zero-padded to it, as openpi does).
+        store: the inputs (its camera names are the policy's camera slots they feed).
+        policy: the checkpoint's contract (image conversion, normalisation, prompt).
         max_age_s: images older than this (node clock) make the frame stale.
     """
 
-    def __init__(self, store: InputStore, model_cameras: Sequence[str], tokenizer: PromptTokenizer,
-                 normalizer: Normalizer, action_dim: int, max_age_s: float) -> None:
-        unknown = [c for c in store.camera_names if c not in model_cameras]
+    def __init__(self, store: InputStore, policy: Policy, max_age_s: float) -> None:
+        unknown = [c for c in store.camera_names if c not in policy.spec.camera_slots]
         if unknown:
-            raise ValueError(f"camera_names {unknown} are not camera slots of the model {list(model_cameras)}")
+            raise ValueError(f"camera_names {unknown} are not camera slots of the model "
+                             f"{list(policy.spec.camera_slots)}")
         self.store = store
-        self.model_cameras = tuple(model_cameras)
-        self.slots = [self.model_cameras.index(c) for c in store.camera_names]
-        self.tokenizer = tokenizer
-        self.normalizer = normalizer
-        self.action_dim = int(action_dim)
+        self.policy = policy
         self.max_age_ns = int(max_age_s * 1e9)
 
     def build(self, now_ns: int) -> BuiltObservation | Skip:
@@ -241,21 +227,13 @@ class ObservationBuilder:
         if instruction is None:
             return Skip("no_instruction", "waiting for /instruction")
 
-        state = self.normalizer.normalize_state(positions)
-        prompt = self.tokenizer.tokenize_action_prompt(instruction, state)
-        n = prompt.num_tokens
-        c, s = len(self.model_cameras), self.store.image_size
-        pixels = np.zeros((1, c, 3, s, s), dtype=np.float32)
-        masks = np.zeros((1, c), dtype=bool)
-        for slot, image in zip(self.slots, images, strict=True):
-            pixels[0, slot] = image.pixels
-            masks[0, slot] = True
+        names = self.store.camera_names
+        raw = RawObservation({n: im.rgb for n, im in zip(names, images, strict=True)}, positions, instruction)
+        converted = {n: im.pixels(self.policy.convert_image) for n, im in zip(names, images, strict=True)}
+        try:
+            prepared = self.policy.prepare(raw, converted)
+        except ValueError as e:
+            return Skip("bad_input", str(e))
         newest = max(images, key=lambda im: im.stamp_ns)
-        obs = Observation(
-            images=torch.from_numpy(pixels),
-            image_masks=torch.from_numpy(masks),
-            tokens=torch.from_numpy(prompt.ids[:n].copy()).unsqueeze(0),  # padding would only cost compute
-            token_mask=torch.from_numpy(prompt.mask[:n].copy()).unsqueeze(0),
-            state=torch.from_numpy(pad_or_truncate(state, self.action_dim).astype(np.float32)).unsqueeze(0),
-        )
-        return BuiltObservation(obs, newest.stamp_ns, newest.received, instruction, positions, prompt.truncated)
+        return BuiltObservation(prepared, newest.stamp_ns, newest.received, instruction, positions,
+                                prepared.prompt_truncated)

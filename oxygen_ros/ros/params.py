@@ -18,7 +18,7 @@ from typing import Any
 from oxygen_ros.engine.scheduler import OVERFLOW_POLICIES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 
-from .norm_stats import NORMALIZATIONS
+NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
 
 __all__ = [
     "DEFAULT_CAMERA_TOPIC",
@@ -69,12 +69,17 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("model", str, "", "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on "
               "the tabletop world, see oxygen_ros.ros.sim_node); or 'random_tiny': generate a tiny random pi0.5 and "
               "tokenizer into a temporary directory (demos, tests)."),
-    ParamSpec("checkpoint_path", str, "", "Directory with model.safetensors (+ config.json) in openpi or LeRobot "
-              "layout."),
-    ParamSpec("tokenizer_path", str, "", "SentencePiece model file or directory; '' looks in checkpoint_path."),
-    ParamSpec("norm_stats_path", str, "", "openpi norm_stats.json; '' uses checkpoint_path/norm_stats.json if "
-              "present, else no normalisation (warned)."),
-    ParamSpec("normalization", str, "quantile", "quantile (pi0.5) | mean_std (pi0) | none."),
+    ParamSpec("checkpoint_path", str, "", "Checkpoint directory as LeRobot (config.json + policy_*processor.json) "
+              "or openpi (model.safetensors + assets/<asset_id>/) save it, or this package's layout."),
+    ParamSpec("tokenizer_path", str, "", "SentencePiece model file or directory; '' = the checkpoint's own (ours), "
+              "its recorded tokenizer name (LeRobot), required for openpi."),
+    ParamSpec("asset_id", str, "", "openpi: which assets/<asset_id>/norm_stats.json; '' = the only one present."),
+    ParamSpec("openpi_config", str, "", "openpi: the train config whose data transforms apply (pi05_libero | "
+              "pi05_droid | pi05_aloha | generic); '' = known from the asset id, else generic."),
+    ParamSpec("norm_stats_path", str, "", "openpi / ours: an openpi-format norm_stats.json to use instead of the "
+              "checkpoint's (not for LeRobot checkpoints, whose processor files are read)."),
+    ParamSpec("normalization", str, "auto", "auto (the checkpoint's normalisation) | none (run unnormalised on "
+              "purpose) | quantile | mean_std (override, openpi / ours only)."),
     ParamSpec("device", str, "auto", "auto (cuda if available) | cpu | cuda | cuda:N | mps."),
     ParamSpec("dtype", str, "auto", "auto (bfloat16 on cuda, float32 otherwise) | float32 | bfloat16 | float16."),
     ParamSpec("torch_threads", int, 0, "torch CPU threads; 0 keeps torch's default."),
@@ -82,8 +87,12 @@ PARAMS: tuple[ParamSpec, ...] = (
     # --- engine
     ParamSpec("mode", str, "oxygen", "Engine: oxygen (shared prefill + cross-frame batched decoding) | shared_kv "
               "(shared prefill, decode to completion) | isolated (openpi-style second prefill)."),
-    ParamSpec("num_steps", int, 10, "S: flow-matching denoise steps per action chunk."),
-    ParamSpec("action_horizon", int, 0, "H: actions per chunk; 0 keeps the checkpoint's."),
+    ParamSpec("num_steps", int, 0, "S: flow-matching denoise steps per action chunk; 0 = the checkpoint's (LeRobot "
+              "num_inference_steps, else 10)."),
+    ParamSpec("action_horizon", int, 0, "H: the checkpoint decides the chunk length; 0 accepts it, any other value "
+              "must equal it (a check, never an override)."),
+    ParamSpec("actions_per_chunk", int, 0, "Actions of each chunk to publish for execution (LeRobot's "
+              "n_action_steps); 0 = the checkpoint's n_action_steps (openpi / ours: the whole chunk)."),
     ParamSpec("max_new_tokens", int, 30, "N: tokens generated per language request."),
     ParamSpec("k", int, 5, "Per-frame decode budget (tokens per request per frame, oxygen mode)."),
     ParamSpec("k_auto", bool, False, "Pick k every frame so the frame fits the control period (deadline = "
@@ -111,8 +120,9 @@ PARAMS: tuple[ParamSpec, ...] = (
     ParamSpec("joint_names", "str[]", [], "Joints read from /joint_states, in model state order (required)."),
     ParamSpec("action_names", "str[]", [], "Names of the robot's action dimensions (ActionChunk.joint_names, "
               "JointTrajectory joints); [] = joint_names. Its length is the published action dim."),
-    ParamSpec("delta_action_mask", "bool[]", [], "Per action dim: true = the model predicts a delta that is added "
-              "to the current state (openpi AbsoluteActions); [] = absolute actions."),
+    ParamSpec("delta_action_mask", "bool[]", [], "Per action dim: true = the model predicts a delta added to the "
+              "state; [] = the checkpoint's rule (LeRobot relative actions, openpi's data config). Only for "
+              "checkpoints that define none."),
     ParamSpec("instruction", str, "", "Instruction used until one arrives on /instruction ('' = wait)."),
     ParamSpec("max_instruction_chars", int, 1000, "Longer instructions are truncated (counted, warned)."),
     # --- timing and outputs
@@ -135,14 +145,17 @@ class NodeParams:
     checkpoint_path: str = ""
     tokenizer_path: str = ""
     norm_stats_path: str = ""
-    normalization: str = "quantile"
+    asset_id: str = ""
+    openpi_config: str = ""
+    normalization: str = "auto"
     device: str = "auto"
     dtype: str = "auto"
     torch_threads: int = 0
     seed: int = 0
     mode: str = "oxygen"
-    num_steps: int = 10
+    num_steps: int = 0
     action_horizon: int = 0
+    actions_per_chunk: int = 0
     max_new_tokens: int = 30
     k: int = 5
     k_auto: bool = False
@@ -173,10 +186,14 @@ class NodeParams:
         """Control period (the frame deadline)."""
         return 1.0 / self.control_rate_hz
 
-    @property
-    def robot_action_names(self) -> tuple[str, ...]:
-        """Names (and count) of the published action dimensions."""
-        return self.action_names or self.joint_names
+    def robot_action_names(self, dims: int) -> tuple[str, ...]:
+        """Names of the ``dims`` published action dimensions: action_names, else joint_names when they have that
+        length, else ``action_0 ..``."""
+        if self.action_names:
+            return self.action_names
+        if len(self.joint_names) == dims:
+            return self.joint_names
+        return tuple(f"action_{i}" for i in range(dims))
 
     def camera_topic(self, index: int) -> str:
         """Topic of camera ``index`` (explicit, or the default pattern)."""
@@ -269,9 +286,10 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     if not p["model"] and not p["checkpoint_path"]:
         problems.append("checkpoint_path: required (or set model:=toy for the embedded tabletop model)")
 
-    for name, low in (("num_steps", 1), ("max_new_tokens", 1), ("k", 1), ("max_prompt_tokens", 1),
-                      ("max_inflight", 1), ("max_instruction_chars", 1), ("max_image_pixels", 1),
-                      ("action_horizon", 0), ("request_every_n_frames", 0), ("torch_threads", 0), ("seed", 0)):
+    for name, low in (("num_steps", 0), ("actions_per_chunk", 0), ("max_new_tokens", 1), ("k", 1),
+                      ("max_prompt_tokens", 1), ("max_inflight", 1), ("max_instruction_chars", 1),
+                      ("max_image_pixels", 1), ("action_horizon", 0), ("request_every_n_frames", 0),
+                      ("torch_threads", 0), ("seed", 0)):
         if p[name] < low:
             problems.append(f"{name}: must be >= {low}; got {p[name]}")
     for name in ("control_rate_hz", "max_image_age_s"):
@@ -303,13 +321,12 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     for name in ("joint_names", "action_names"):
         if len(set(p[name])) != len(p[name]):
             problems.append(f"{name}: duplicates in {list(p[name])}")
-    n_actions = len(p["action_names"] or p["joint_names"])
-    if len(p["delta_action_mask"]) > n_actions:
-        problems.append(f"delta_action_mask: {len(p['delta_action_mask'])} flags for {n_actions} action dims")
-    if any(p["delta_action_mask"]):
-        deltas = [i for i, d in enumerate(p["delta_action_mask"]) if d]
-        if deltas and max(deltas) >= len(p["joint_names"]):
-            problems.append("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
+    if p["action_names"] and len(p["delta_action_mask"]) > len(p["action_names"]):
+        problems.append(f"delta_action_mask: {len(p['delta_action_mask'])} flags for {len(p['action_names'])} "
+                        "action_names")
+    deltas = [i for i, d in enumerate(p["delta_action_mask"]) if d]
+    if deltas and max(deltas) >= len(p["joint_names"]):
+        problems.append("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
 
     if problems:
         raise ParamError(problems)

@@ -12,9 +12,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from oxygen_ros.engine.requests import FinishedRequest
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 
-from .norm_stats import Normalizer, pad_or_truncate
-
-__all__ = ["ActionPostprocessor", "duration_msg", "language_output", "make_action_chunk", "make_trajectory",
+__all__ = ["duration_msg", "language_output", "make_action_chunk", "make_trajectory",
            "time_msg"]
 
 _NS = 1_000_000_000
@@ -30,24 +28,6 @@ def duration_msg(seconds: float) -> Duration:
     """Seconds (>= 0) -> builtin_interfaces/Duration."""
     sec, nanosec = divmod(max(0, round(seconds * _NS)), _NS)
     return Duration(sec=sec, nanosec=nanosec)
-
-
-class ActionPostprocessor:
-    """Model-space chunk [H, A] -> robot units [H, D]: unnormalise, add the state to delta dims (openpi's
-    AbsoluteActions), keep the robot's D action dims."""
-
-    def __init__(self, normalizer: Normalizer, action_dim: int, delta_mask: Sequence[bool] = ()) -> None:
-        self.normalizer = normalizer
-        self.action_dim = int(action_dim)
-        self.delta_mask = np.array(pad_or_truncate(np.asarray(delta_mask, dtype=bool), self.action_dim))
-
-    def __call__(self, chunk: np.ndarray, state: np.ndarray) -> np.ndarray:
-        actions = self.normalizer.unnormalize_actions(np.asarray(chunk, dtype=np.float64))
-        actions = pad_or_truncate(actions, self.action_dim, axis=-1)
-        if self.delta_mask.any():
-            base = pad_or_truncate(np.asarray(state, dtype=np.float64), self.action_dim)
-            actions = actions + np.where(self.delta_mask, base, 0.0)
-        return actions.astype(np.float32)
 
 
 def make_action_chunk(actions: np.ndarray, stamp_ns: int, frame_index: int, names: Sequence[str], dt_s: float,

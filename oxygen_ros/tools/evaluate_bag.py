@@ -51,21 +51,13 @@ from rosbags.rosbag2 import StoragePlugin, Writer
 from rosbags.typesys import get_types_from_msg
 from tqdm import tqdm
 
-from oxygen_ros.engine.engine import Engine
-from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
+from oxygen_ros.engine.requests import FinishedRequest, FrameResult
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, PromptTokenizer
 from oxygen_ros.ros.diagnostics import ReasonCounter
-from oxygen_ros.ros.model_loader import (
-    NORM_STATS_NAME,
-    RequestPrompt,
-    build_node_engine,
-    load_model,
-    resolve_device,
-)
-from oxygen_ros.ros.norm_stats import NORMALIZATIONS
+from oxygen_ros.ros.model_loader import build_runner, load_node_policy, resolve_device
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip
-from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, REQUEST_TASKS, NodeParams
-from oxygen_ros.ros.publishers import ActionPostprocessor, language_output, make_action_chunk
+from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, NORMALIZATIONS, REQUEST_TASKS, NodeParams
+from oxygen_ros.ros.publishers import language_output, make_action_chunk
 from oxygen_ros.tools.make_demo_bag import get_ros2_typestore
 
 __all__ = [
@@ -254,7 +246,9 @@ def evaluate_bag(
     instruction_topic: str = "/instruction",
     instruction: str = "",
     norm_stats: str | Path | None = None,
-    normalization: str = "quantile",
+    normalization: str = "auto",
+    asset_id: str = "",
+    openpi_config: str = "",
     seed: int = 0,
     max_image_age_s: float = 0.5,
     max_image_pixels: int = 4096 * 4096,
@@ -289,7 +283,9 @@ def evaluate_bag(
         action_names: names of the published action dims (default: joint_names); their number is the published
             action dim (model actions cut or zero-padded to it).
         delta_action_mask: per action dim, true = the model predicts a delta added to the current state.
-        norm_stats: openpi norm_stats.json (default: ``<checkpoint>/norm_stats.json`` when present, else none).
+        norm_stats: an openpi-format norm_stats.json replacing the checkpoint's (openpi / ours); default: what the
+            checkpoint holds (LeRobot processor files, openpi ``assets/<asset_id>/``, our ``norm_stats.json``).
+        normalization, asset_id, openpi_config: as the node's parameters of the same names.
         max_image_age_s: a camera whose newest valid image is older than this at a tick skips the tick.
         action_rate_hz: ActionChunk.dt = 1 / rate; 0 means horizon * rate_hz.
         max_frames: stop after this many ticks (None: the whole bag).
@@ -331,37 +327,30 @@ def evaluate_bag(
         shutil.rmtree(out_bag)
     out.mkdir(parents=True, exist_ok=True)
 
-    # --- model, tokenizer and normalisation, loaded as the node loads them
-    if norm_stats is None and (checkpoint / NORM_STATS_NAME).is_file():
-        norm_stats = checkpoint / NORM_STATS_NAME
+    # --- the policy (checkpoint + its I/O contract), loaded and checked as the node loads it
     p = NodeParams(
         checkpoint_path=str(checkpoint), tokenizer_path=str(tokenizer or ""), norm_stats_path=str(norm_stats or ""),
-        normalization=normalization, device=device, dtype=dtype, seed=seed, mode=mode, num_steps=num_steps,
+        normalization=normalization, asset_id=asset_id, openpi_config=openpi_config, device=device, dtype=dtype,
+        seed=seed, mode=mode, num_steps=num_steps,
         max_new_tokens=max_new_tokens, k=NodeParams.k if k == "auto" else k, k_auto=k == "auto",
         request_every_n_frames=request_every, request_task=task, request_prompt=request_prompt,
         max_prompt_tokens=max_prompt_tokens, max_inflight=max_inflight, camera_names=tuple(camera_names or ()),
         max_image_age_s=max_image_age_s, max_image_pixels=max_image_pixels, action_names=tuple(action_names or ()),
         delta_action_mask=tuple(bool(d) for d in delta_action_mask), instruction=instruction,
         max_instruction_chars=max_instruction_chars, control_rate_hz=rate_hz, action_rate_hz=action_rate_hz)
-    loaded = load_model(p)
-    for note in loaded.notes:
-        logger.info(note)
-    cfg, tok = loaded.model.config, loaded.tokenizer
-    if not p.camera_names:
-        p = p.with_cameras(cfg.camera_names)
-    if camera_topics and len(camera_topics) != len(p.camera_names):
-        raise ValueError(f"{len(camera_topics)} camera_topics for {len(p.camera_names)} camera_names")
-
     ts, msg_source = oxygen_typestore()
     with AnyReader([bag], default_typestore=ts) as reader:
         if joint_names is None:
             joint_names = _first_joint_names(reader, joint_states_topic)
         p = dataclasses.replace(p, joint_names=tuple(joint_names))
-        horizon, action_dim = cfg.action_horizon, cfg.action_dim
-        robot_names = list(p.robot_action_names)
-        post = ActionPostprocessor(loaded.normalizer, len(robot_names) or action_dim, p.delta_action_mask)
-        if post.delta_mask.any() and int(np.flatnonzero(post.delta_mask).max()) >= len(p.joint_names):
-            raise ValueError("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
+        loaded = load_node_policy(p)
+        for note in loaded.notes:
+            logger.info(note)
+        p, policy = loaded.params, loaded.policy
+        cfg, tok = policy.model.config, policy.tokenizer
+        if camera_topics and len(camera_topics) != len(p.camera_names):
+            raise ValueError(f"{len(camera_topics)} camera_topics for {len(p.camera_names)} camera_names")
+        robot_names = list(loaded.action_names)
 
         # the node's input handling, clocked by the bag: each message is validated and decoded as it is fed
         bag_now = [reader.start_time]  # log time of the message being fed
@@ -370,9 +359,9 @@ def evaluate_bag(
             return bag_now[0] / 1e9
 
         rejected = ReasonCounter(logger.debug, "rejected input", clock=bag_clock)
-        store = InputStore(p.camera_names, cfg.vision.image_size, p.joint_names, rejected, p.max_image_pixels,
-                           p.max_instruction_chars, p.instruction, clock=bag_clock)
-        builder = ObservationBuilder(store, cfg.camera_names, tok, loaded.normalizer, action_dim, p.max_image_age_s)
+        store = InputStore(p.camera_names, p.joint_names, rejected, p.max_image_pixels, p.max_instruction_chars,
+                           p.instruction, clock=bag_clock)
+        builder = ObservationBuilder(store, policy, p.max_image_age_s)
 
         bag_topics = {c.topic: c.msgtype for c in reader.connections}
         topics: list[str] = []
@@ -403,9 +392,8 @@ def evaluate_bag(
             elif topic == instruction_topic:
                 store.on_instruction(msg)
 
-        request_prompt_tokens = RequestPrompt(p, tok)  # the node's rule and cache
-
-        dt_s = 1.0 / (action_rate_hz if action_rate_hz > 0 else horizon * rate_hz)
+        runner = build_runner(loaded)  # the node's frame: request cadence, noise (seed + frame index), post-processing
+        dt_s = 1.0 / (action_rate_hz if action_rate_hz > 0 else runner.n_execute * rate_hz)
         start_ns, last_ns = reader.start_time, reader.end_time - 1  # rosbags' end_time is exclusive
         n_ticks = math.floor((last_ns - start_ns) * rate_hz / 1e9 + 1e-9) + 1 if reader.message_count else 0
         if max_frames is not None:
@@ -420,7 +408,6 @@ def evaluate_bag(
         requests: list[dict[str, Any]] = []
         issued = 0
         show = sys.stderr.isatty() if progress is None else progress
-        engine: Engine = build_node_engine(p, loaded)
         with Writer(out_bag, version=9, storage_plugin=_STORAGES[storage]) as writer:
             outputs = _Outputs(writer, ts)
             for tick in tqdm(range(n_ticks), desc=f"evaluating {bag.name} ({mode})", unit="frame", disable=not show):
@@ -431,25 +418,18 @@ def evaluate_bag(
                     pending = next(messages, None)
                 t0 = time.perf_counter()
                 built = builder.build(tick_ns)
+                t_obs = time.perf_counter()
                 if isinstance(built, Skip):
                     skipped.append({"tick": tick, "tick_ns": tick_ns, "reason": built.reason, "detail": built.detail})
                     continue
                 if built.prompt_truncated:
                     rejected.add("prompt_truncated", "instruction + state exceed the model's max_token_len")
-                t_obs = time.perf_counter()
-                frame_index = engine.frame_index
-                gen = torch.Generator().manual_seed(seed + frame_index)
-                noise = torch.randn(1, horizon, action_dim, generator=gen).to(dev, torch_dtype)
-                new = [LanguageRequest(task, max_new_tokens, list(request_prompt_tokens.tokens(built.instruction)))] \
-                    if request_every and frame_index % request_every == 0 else []
-                issued += len(new)
-                t_actions: list[float] = []
-                res: FrameResult = engine.step(Frame(built.observation, new, noise, stamp=built.stamp_ns),
-                                               lambda _i, _c, ta=t_actions: ta.append(time.perf_counter()))
-                t_engine = time.perf_counter()
-                actions = post(res.actions[0].detach().float().cpu().numpy(), built.state)
-                outputs.chunk(frame_index, built.stamp_ns, tick_ns, actions, robot_names, dt_s,
-                              (t_actions[0] if t_actions else t_engine) - t0)
+                out_frame = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction)
+                res: FrameResult = out_frame.result
+                frame_index, chunk = res.frame_index, out_frame.chunk
+                issued += out_frame.new_requests
+                outputs.chunk(frame_index, built.stamp_ns, tick_ns, chunk.actions, robot_names, dt_s,
+                              chunk.latency_s)
                 for f in res.finished:
                     if not f.dropped:
                         outputs.language(f, tick_ns)
@@ -460,29 +440,30 @@ def evaluate_bag(
                                      "text": f.text or ""})
                 timings = {s: 1e3 * res.timings.get(s, 0.0) for s in STAGES}
                 timings["frame"] = 1e3 * res.timings["frame"]
-                timings["preprocess"] = 1e3 * (t_obs - t0)
+                timings["preprocess"] = 1e3 * (t_obs - t0)  # the builder prepares the policy input
                 timings["tick"] = 1e3 * (time.perf_counter() - t0)
                 per_frame.append({"frame": frame_index, "tick": tick, "tick_ns": tick_ns, "stamp_ns": built.stamp_ns,
-                                  "timings_ms": timings, "tokens": res.tokens_generated, "new_requests": len(new),
+                                  "timings_ms": timings, "tokens": res.tokens_generated,
+                                  "new_requests": out_frame.new_requests,
                                   "finished": len(res.finished), "inflight": res.inflight,
                                   "decode_steps": res.decode_steps, "batch_sizes": res.batch_sizes,
                                   "rejected": res.rejected, "state": built.state.tolist()})
-    close = getattr(engine, "close", None)
-    if close is not None:
-        close()
+    runner.close()
 
     report = _report(
         bag=bag, storage=storage, checkpoint=checkpoint, tok=tok, msg_source=msg_source, out=out, cfg=cfg,
-        engine=engine, per_frame=per_frame, skipped=skipped, rejected=rejected.snapshot(), requests=requests,
-        issued=issued, n_ticks=n_ticks, period=p.period_s, digest=outputs.digest(),
+        engine=runner.engine, horizon=runner.n_execute, per_frame=per_frame, skipped=skipped,
+        rejected=rejected.snapshot(), requests=requests, issued=issued, n_ticks=n_ticks, period=p.period_s,
+        digest=outputs.digest(),
         config={"mode": mode, "rate_hz": rate_hz, "num_steps": num_steps, "max_new_tokens": max_new_tokens, "k": k,
                 "request_every": request_every, "task": task, "request_prompt": request_prompt,
                 "max_prompt_tokens": max_prompt_tokens, "max_inflight": max_inflight,
                 "camera_names": list(p.camera_names), "camera_topics": dict(zip(p.camera_names, topics, strict=True)),
                 "joint_names": list(p.joint_names), "action_names": robot_names,
-                "delta_action_mask": post.delta_mask.tolist(), "joint_states_topic": joint_states_topic,
+                "delta_action_mask": list(policy.spec.delta_mask), "joint_states_topic": joint_states_topic,
                 "instruction_topic": instruction_topic, "norm_stats": str(norm_stats) if norm_stats else None,
-                "normalization": normalization if norm_stats else "none", "seed": seed,
+                "normalization": policy.spec.action_norm.mode if policy.spec.action_norm else "none",
+                "framework": policy.spec.framework, "seed": seed,
                 "max_image_age_s": max_image_age_s, "action_rate_hz": 1.0 / dt_s, "max_frames": max_frames,
                 "device": str(dev), "dtype": str(torch_dtype).removeprefix("torch."),
                 "torch_threads": torch.get_num_threads()},
@@ -512,14 +493,13 @@ def _first_joint_names(reader: AnyReader, topic: str) -> list[str]:
 
 
 def _report(*, bag: Path, storage: str, checkpoint: Path, tok: PromptTokenizer, msg_source: str, out: Path, cfg: Any,
-            engine: Engine, per_frame: list[dict], skipped: list[dict], rejected: Mapping[str, int],
+            engine: Any, horizon: int, per_frame: list[dict], skipped: list[dict], rejected: Mapping[str, int],
             requests: list[dict], issued: int, n_ticks: int, period: float, digest: dict,
             config: dict) -> dict[str, Any]:
     """Assemble the JSON report from the per-frame records."""
     frame_s = [f["timings_ms"]["frame"] / 1e3 for f in per_frame]
     total_s = sum(frame_s)
     tokens = sum(f["tokens"] for f in per_frame)
-    horizon = cfg.action_horizon
     lat = [r["latency_s"] for r in requests if not r["dropped"]]
     lat_frames = [r["latency_frames"] for r in requests if not r["dropped"]]
     summary = {
@@ -689,8 +669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--joint-states-topic", default="/joint_states")
     p.add_argument("--instruction-topic", default="/instruction")
     p.add_argument("--instruction", default="", help="instruction used until one is in the bag")
-    p.add_argument("--norm-stats", type=Path, help="openpi norm_stats.json")
-    p.add_argument("--normalization", choices=NORMALIZATIONS, default="quantile")
+    p.add_argument("--norm-stats", type=Path, help="openpi-format norm_stats.json replacing the checkpoint's")
+    p.add_argument("--normalization", choices=NORMALIZATIONS, default="auto")
+    p.add_argument("--asset-id", default="", help="openpi: assets/<asset_id> to use")
+    p.add_argument("--openpi-config", default="", help="openpi: pi05_libero | pi05_droid | pi05_aloha | generic")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-image-age", type=float, default=0.5, help="seconds; older cameras skip the frame")
     p.add_argument("--action-rate-hz", type=float, default=0.0, help="ActionChunk.dt = 1/rate (0: H * rate)")
@@ -713,7 +695,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         camera_topics=args.camera_topics, camera_names=args.camera_names, joint_names=args.joint_names,
         action_names=args.action_names, delta_action_mask=[bool(d) for d in args.delta_action_mask],
         joint_states_topic=args.joint_states_topic, instruction_topic=args.instruction_topic,
-        instruction=args.instruction, norm_stats=args.norm_stats, normalization=args.normalization, seed=args.seed,
+        instruction=args.instruction, norm_stats=args.norm_stats, normalization=args.normalization,
+        asset_id=args.asset_id, openpi_config=args.openpi_config, seed=args.seed,
         max_image_age_s=args.max_image_age, action_rate_hz=args.action_rate_hz, max_frames=args.max_frames,
         device=args.device, dtype=args.dtype, storage=args.storage, plots=not args.no_plots,
         progress=False if args.no_progress else None, overwrite=args.overwrite,

@@ -2,11 +2,13 @@
 
     python -m oxygen_ros.train.evaluate --model oxygen_ros/models/toy --episodes 100 --mode oxygen [--out runs/eval_toy]
 
-Every control frame: the world's observation -> engine.step (action chunk + a "memory" language request) -> the
-chunk is executed in the world. Reports the success rate, the exact match of every generated memory against the
-world's ground truth at the request's originating frame, the action frequency and the language throughput; writes
-``eval_<mode>.json`` and ``filmstrip_<mode>.png`` (one episode with its memory texts). Evaluation seeds start at
-1,000,000, disjoint from the training demonstrations (seeds 0 .. episodes - 1).
+Every control frame: the world's raw observation -> the policy layer's frame runner (the checkpoint's own
+pre-processing, engine.step with a "memory" language request, post-processing to world units; the same runner the
+ROS node and the bag evaluation use) -> the chunk is executed in the world. Reports the success rate, the exact
+match of every generated memory against the world's ground truth at the request's originating frame, the action
+frequency and the language throughput; writes ``eval_<mode>.json`` and ``filmstrip_<mode>.png`` (one episode with
+its memory texts). Evaluation seeds start at 1,000,000, disjoint from the training demonstrations (seeds 0 ..
+episodes - 1).
 """
 
 from __future__ import annotations
@@ -21,15 +23,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oxygen_ros.engine.checkpoint import load_checkpoint
-from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.requests import FinishedRequest, Frame, LanguageRequest
-from oxygen_ros.engine.tokenizer import PromptTokenizer
+from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
+from oxygen_ros.engine.requests import FinishedRequest, FrameResult
 from oxygen_ros.models import TOY_MODEL_DIR
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
+from oxygen_ros.policy import PreparedObservation, RawObservation, load_policy
+from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
+from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation
 
 from .filmstrip import FilmFrame, save_filmstrip
-from .policy import NormStats, episode_noise, to_model_observation
+from .policy import episode_noise
 
 __all__ = ["EVAL_FIRST_SEED", "ClosedLoop", "EpisodeResult", "actions_digest", "evaluate"]
 
@@ -52,60 +54,70 @@ class EpisodeResult:
 
 
 class ClosedLoop:
-    """A model directory (checkpoint, tokenizer, norm stats) run by an engine in the tabletop world."""
+    """A model directory (checkpoint, tokenizer, norm stats) run by the policy layer's frame runner in the world."""
 
     def __init__(self, model_dir: Path, mode: str = "oxygen", k: int = 5, max_new_tokens: int = 16,
                  num_steps: int | None = None, max_steps: int = WorldConfig.max_steps) -> None:
-        self.model = load_checkpoint(model_dir)
-        cfg = self.model.config
-        self.tok = PromptTokenizer(model_dir, cfg.max_token_len)
-        self.stats = NormStats.load(model_dir)
+        self.policy = load_policy(model_dir)
+        self.model = self.policy.model
+        cfg, tok = self.model.config, self.policy.tokenizer
         self.max_new_tokens = max_new_tokens
-        self.engine = build_engine(self.model, EngineConfig(
-            mode=mode, k=k, eos_id=self.tok.eos_id, max_new_tokens=max_new_tokens,
-            num_steps=num_steps or cfg.num_steps), detokenize=self.tok.decode)
-        self.request = self.tok.tokenize_request("memory")
+        engine_cfg = EngineConfig(mode=mode, k=k, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
+                                  num_steps=num_steps or cfg.num_steps)
+
+        def factory() -> Engine:
+            return build_engine(self.model, engine_cfg, detokenize=tok.decode)
+
+        self._seed, self._frame = 0, 0  # noise is fixed by (episode seed, frame in the episode)
+        self.runner = FrameRunner(self.policy, factory, LanguageSchedule(1, "memory", "", max_new_tokens, 32),
+                                  noise=lambda _i, h, a: episode_noise(self._seed, self._frame, h, a))
+        self.engine = self.runner.engine
         self.world = TabletopWorld(WorldConfig(image_size=cfg.vision.image_size, max_steps=max_steps))
         self.frame_s: list[float] = []  # engine time of frames whose chunk was executed
         self.engine_s = 0.0
         self.tokens = 0
 
-    def _step(self, frame: Frame) -> list[FinishedRequest]:
-        res = self.engine.step(frame)
+    @staticmethod
+    def raw(obs: WorldObservation) -> RawObservation:
+        """The world's observation as a robot would hand it over (camera slot -> RGB, state, instruction)."""
+        return RawObservation({c: obs.images[c] for c in CAMERAS}, obs.state, obs.instruction)
+
+    def _step(self, observation: RawObservation | PreparedObservation, language: bool = True):
+        out = self.runner.step(observation, start_language=language)
+        res: FrameResult = out.result
         self.engine_s += res.timings["frame"]
         self.tokens += res.tokens_generated
         self._last = res
-        return res.finished
+        return out
 
     def run_episode(self, seed: int, record: bool = False) -> EpisodeResult:
         """One episode: replan every chunk until success or the step limit, plus one frame after the end (its
         memory describes the final scene), then finish in-flight language requests."""
-        cfg, world = self.model.config, self.world
+        world = self.world
         obs = world.reset(seed)
+        self._seed = seed
         truth: dict[int, str] = {}
         film: dict[int, FilmFrame] = {}
         finished: list[FinishedRequest] = []
         result = EpisodeResult(seed, world.instruction, False, 0, 0)
         while True:
-            model_obs = to_model_observation(obs, self.tok, self.stats)
-            noise = episode_noise(seed, result.frames, cfg.action_horizon, cfg.action_dim)
+            self._frame = result.frames
             ending = world.done
-            finished += self._step(Frame(model_obs, [LanguageRequest("memory", self.max_new_tokens, self.request)],
-                                         noise))
-            index = self._last.frame_index
+            out = self._step(self.raw(obs))
+            finished += out.result.finished
+            index = out.result.frame_index
             truth[index] = world.memory_text()
             if record:
                 film[index] = FilmFrame(world.steps, [obs.images[c] for c in CAMERAS], truth[index])
             result.frames += 1
             if ending:
                 break
-            self.frame_s.append(self._last.timings["frame"])
-            chunk = self.stats.actions_from_model(self._last.actions[0].numpy(), obs.state)
-            result.chunks.append(chunk)
-            world.step(chunk)
+            self.frame_s.append(out.result.timings["frame"])
+            result.chunks.append(out.chunk.actions)
+            world.step(out.chunk.actions)
             obs = world.observation()
-        while self.engine.backlog:
-            finished += self._step(Frame(model_obs, [], noise))
+        while self.runner.backlog:
+            finished += self._step(out.prepared, language=False).result.finished
         result.success, result.steps = world.success, world.steps
         for f in finished:
             result.memory_total += 1

@@ -1,8 +1,10 @@
-"""Between the world and the model: openpi-style norm stats, delta actions, prompts and model observations.
+"""Between the world and the model for training: fitting and writing the norm stats, delta actions, prompts and
+model observations.
 
 Model-space actions are the world's absolute joint targets (``DELTA_MASK`` marks none as deltas; openpi's delta
 convention is supported for other recipes), quantile-normalised to about [-1, 1] with ``norm_stats.json`` (openpi's
-format, read by the ROS node as well). The state is quantile-normalised before it is discretised into the prompt.
+format). The arithmetic is the policy layer's (:mod:`oxygen_ros.policy.normalize`, openpi convention, and
+:func:`oxygen_ros.policy.images.pixels_to_model`), so training and every inference path agree by construction.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import torch
 
 from oxygen_ros.engine import Observation
 from oxygen_ros.engine.tokenizer import PromptTokenizer
+from oxygen_ros.policy.images import pixels_to_model
+from oxygen_ros.policy.normalize import normalize, unnormalize
+from oxygen_ros.policy.spec import FeatureNorm
 from oxygen_ros.world.tabletop import CAMERAS, WorldObservation
 
 __all__ = ["DELTA_MASK", "NORM_STATS_NAME", "NormStats", "episode_noise", "images_to_model", "prompt_batch",
@@ -23,7 +28,6 @@ __all__ = ["DELTA_MASK", "NORM_STATS_NAME", "NormStats", "episode_noise", "image
 
 NORM_STATS_NAME = "norm_stats.json"
 DELTA_MASK = np.array([False, False, False, False])  # absolute targets (True: relative to the chunk's start state)
-_EPS = 1e-6  # openpi's guard against zero ranges
 
 
 def _quantiles(x: np.ndarray) -> dict[str, list[float]]:
@@ -55,27 +59,22 @@ class NormStats:
         return NormStats(data["state"], data["actions"])
 
     @staticmethod
-    def _fwd(x: np.ndarray, s: dict) -> np.ndarray:
-        lo, hi = np.asarray(s["q01"]), np.asarray(s["q99"])
-        return ((x - lo) / (hi - lo + _EPS) * 2.0 - 1.0).astype(np.float32)
-
-    @staticmethod
-    def _inv(x: np.ndarray, s: dict) -> np.ndarray:
-        lo, hi = np.asarray(s["q01"]), np.asarray(s["q99"])
-        return (x + 1.0) / 2.0 * (hi - lo + _EPS) + lo
+    def _norm(s: dict) -> FeatureNorm:
+        return FeatureNorm("quantiles", {"q01": np.asarray(s["q01"], np.float64),
+                                         "q99": np.asarray(s["q99"], np.float64)}, "openpi", 1e-6)
 
     def normalize_state(self, state: np.ndarray) -> np.ndarray:
         """Joint state [..., D] -> about [-1, 1]."""
-        return self._fwd(np.asarray(state, np.float64), self.state)
+        return normalize(np.asarray(state, np.float64), self._norm(self.state)).astype(np.float32)
 
     def actions_to_model(self, world_actions: np.ndarray, state: np.ndarray) -> np.ndarray:
         """Absolute world chunks [..., H, D] starting at ``state`` [..., D] -> normalised model actions."""
-        return self._fwd(delta_actions(world_actions, state), self.actions)
+        return normalize(delta_actions(world_actions, state), self._norm(self.actions)).astype(np.float32)
 
     def actions_from_model(self, model_actions: np.ndarray, state: np.ndarray) -> np.ndarray:
         """Model actions [H, >=D] (first D used) at ``state`` [D] -> absolute world actions [H, D]."""
         d = len(self.actions["q01"])
-        out = self._inv(np.asarray(model_actions, np.float64)[..., :d], self.actions)
+        out = unnormalize(np.asarray(model_actions, np.float64)[..., :d], self._norm(self.actions))
         return out + np.where(DELTA_MASK, np.asarray(state, np.float64), 0.0)[..., None, :]
 
 
@@ -85,14 +84,14 @@ def delta_actions(world_actions: np.ndarray, state: np.ndarray) -> np.ndarray:
 
 
 def images_to_model(images: np.ndarray) -> torch.Tensor:
-    """uint8 [..., C, S, S, 3] -> float32 [..., C, 3, S, S] in [-1, 1] (openpi's x / 127.5 - 1)."""
-    x = torch.from_numpy(np.ascontiguousarray(images)).float()
-    return (x / 127.5 - 1.0).movedim(-1, -3)
+    """uint8 [..., C, S, S, 3] -> float32 [..., C, 3, S, S] in [-1, 1] (the policy layer's conversion)."""
+    return pixels_to_model(images)
 
 
 def prompt_batch(tok: PromptTokenizer, instructions: list[str], norm_states: np.ndarray):
     """Tokenised pi0.5 action prompts: int64 ids [B, L] and bool mask [B, L]."""
-    prompts = [tok.tokenize_action_prompt(i, s) for i, s in zip(instructions, norm_states, strict=True)]
+    prompts = [tok.tokenize_action_prompt(i, s, clip_state=True) for i, s in zip(instructions, norm_states,
+                                                                                   strict=True)]
     ids = torch.from_numpy(np.stack([p.ids for p in prompts]))
     return ids, torch.from_numpy(np.stack([p.mask for p in prompts]))
 

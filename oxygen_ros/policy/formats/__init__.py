@@ -31,12 +31,14 @@ class SpecOptions:
             generic); '' = known from the asset id, else generic.
         normalization: auto (the checkpoint's) | none (explicitly unnormalised) | quantile | mean_std (override
             for openpi and our checkpoints).
+        norm_stats_path: an openpi-format norm_stats.json replacing the checkpoint's (openpi and ours only).
     """
 
     tokenizer_path: str = ""
     asset_id: str = ""
     openpi_config: str = ""
     normalization: str = "auto"
+    norm_stats_path: str = ""
 
 
 def detect_layout(directory: Path) -> str:

@@ -121,6 +121,9 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
         if cfg.get(field, default) != default:
             raise PolicyConfigError(f"{cfg_path}: field {field!r} = {cfg[field]!r} is not supported (inference "
                                     f"here assumes {default!r})")
+    if options.norm_stats_path:
+        raise PolicyConfigError("norm_stats_path: not used for LeRobot checkpoints (their statistics are read from "
+                                "the policy_*processor files); leave it empty")
     if options.normalization not in ("auto", "none"):
         raise PolicyConfigError(f"normalization: {options.normalization!r} cannot override a LeRobot checkpoint "
                                 "(its normalization_mapping decides); use auto or none")
@@ -200,7 +203,8 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
         chunk_size=chunk, n_action_steps=n_exec, state_norm=state_norm, action_norm=action_norm,
         state_in_prompt=True, clip_state=False, delta_mask=delta_mask, tokenizer=tokenizer,
         max_token_len=int(tok_cfg.get("max_length", cfg.get("tokenizer_max_length", 200))), time_schedule="exact",
-        required_cameras=(), rename_map={str(k): str(v) for k, v in rename.items()},
+        default_cameras=tuple(k.removeprefix(IMAGE_PREFIX) for k in cameras),
+        rename_map={str(k): str(v) for k, v in rename.items()},
         notes=(f"{cfg_path}: {len(cameras)} cameras + {empty} empty, chunk {chunk} / execute {n_exec}", tok_note))
     overrides = {"camera_names": tuple(slots), "action_horizon": chunk, "max_token_len": spec.max_token_len,
                  "num_steps": int(cfg.get("num_inference_steps", 10)), "time_schedule": "exact"}

@@ -15,7 +15,7 @@ from ..spec import FeatureNorm, PolicySpec
 from . import SpecOptions
 from .common import as_stats, find_tokenizer, read_json
 
-__all__ = ["OPENPI_CONFIGS", "OpenpiConfig", "find_assets", "read_openpi"]
+__all__ = ["OPENPI_CONFIGS", "OpenpiConfig", "find_assets", "read_norm_stats", "read_openpi"]
 
 OPENPI_SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 
@@ -31,6 +31,7 @@ class OpenpiConfig:
     delta_mask: tuple[bool, ...] = ()
     adapter: str = "none"
     horizon: int | None = None
+    cameras: tuple[str, ...] = ("base_0_rgb", "left_wrist_0_rgb")  # slots the robot feeds
 
 
 def _bool_mask(*dims: int) -> tuple[bool, ...]:
@@ -41,8 +42,9 @@ def _bool_mask(*dims: int) -> tuple[bool, ...]:
 OPENPI_CONFIGS = {c.name: c for c in (
     OpenpiConfig("pi05_libero", "physical-intelligence/libero", False, 7, horizon=10),
     OpenpiConfig("pi05_droid", "droid", True, 8, horizon=15),
-    OpenpiConfig("pi05_aloha", "trossen", True, 14, _bool_mask(6, -1, 6, -1), "aloha", horizon=50),
-    OpenpiConfig("generic", None, True, None),
+    OpenpiConfig("pi05_aloha", "trossen", True, 14, _bool_mask(6, -1, 6, -1), "aloha", horizon=50,
+                 cameras=("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")),
+    OpenpiConfig("generic", None, True, None, cameras=("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")),
 )}
 
 
@@ -63,6 +65,19 @@ def _norm(path: Path, stats: dict, key: str, mode: str) -> FeatureNorm:
     if missing:
         raise PolicyConfigError(f"{path}: norm_stats.{key} lacks {missing} needed for {mode} normalisation")
     return FeatureNorm(mode, {n: arrays[n] for n in needed}, "openpi", 1e-6)
+
+
+def read_norm_stats(path: Path, mode: str) -> tuple[FeatureNorm | None, FeatureNorm]:
+    """State and action normalisation from an openpi ``norm_stats.json`` (``{"norm_stats": {"state", "actions"}}``,
+    the top-level key optional). Without ``state`` the state passes unnormalised, as openpi's Normalize does."""
+    if not path.is_file():
+        raise PolicyConfigError(f"{path}: norm stats file does not exist")
+    data = read_json(path)
+    stats = data.get("norm_stats", data) if isinstance(data, dict) else None
+    if not isinstance(stats, dict):
+        raise PolicyConfigError(f"{path}: expected {{'norm_stats': {{'state': ..., 'actions': ...}}}}")
+    state = _norm(path, stats, "state", mode) if "state" in stats else None
+    return state, _norm(path, stats, "actions", mode)
 
 
 def read_openpi(directory: Path, options: SpecOptions, model_image_size: int) -> tuple[PolicySpec, dict]:
@@ -89,18 +104,17 @@ def read_openpi(directory: Path, options: SpecOptions, model_image_size: int) ->
 
     mode = {"auto": "quantiles", "quantile": "quantiles", "mean_std": "mean_std"}.get(options.normalization)
     state_norm = action_norm = None
-    if options.normalization != "none":
+    if options.normalization != "none" and options.norm_stats_path:
+        stats_path = Path(options.norm_stats_path).expanduser()
+        state_norm, action_norm = read_norm_stats(stats_path, mode)
+        notes.append(f"norm stats {stats_path} ({mode}, norm_stats_path)")
+    elif options.normalization != "none":
         if not asset_id:
             raise PolicyConfigError(f"{directory}: no assets/<asset_id>/norm_stats.json (openpi keeps the "
                                     "normalisation statistics there); set normalization: none to run unnormalised "
                                     "on purpose")
         stats_path = directory / "assets" / asset_id / "norm_stats.json"
-        data = read_json(stats_path)
-        stats = data.get("norm_stats", data) if isinstance(data, dict) else None
-        if not isinstance(stats, dict):
-            raise PolicyConfigError(f"{stats_path}: expected {{'norm_stats': {{'state': ..., 'actions': ...}}}}")
-        state_norm = _norm(stats_path, stats, "state", mode)
-        action_norm = _norm(stats_path, stats, "actions", mode)
+        state_norm, action_norm = read_norm_stats(stats_path, mode)
         notes.append(f"norm stats {stats_path} ({mode})")
 
     horizon = cfg.get("action_horizon", preset.horizon)
@@ -122,7 +136,8 @@ def read_openpi(directory: Path, options: SpecOptions, model_image_size: int) ->
         state_dim=state_norm.dim if state_norm else None, action_dims=int(action_dims), chunk_size=int(horizon),
         n_action_steps=int(horizon), state_norm=state_norm, action_norm=action_norm,
         state_in_prompt=preset.state_in_prompt, delta_mask=preset.delta_mask, robot_adapter=preset.adapter,
-        tokenizer=tokenizer, max_token_len=200, time_schedule="accumulate", notes=tuple(notes))
+        tokenizer=tokenizer, max_token_len=200, time_schedule="accumulate", default_cameras=preset.cameras,
+        notes=tuple(notes))
     overrides = {"camera_names": OPENPI_SLOTS, "action_horizon": int(horizon), "max_token_len": 200,
                  "time_schedule": "accumulate"}
     return spec, overrides

@@ -12,9 +12,10 @@ from pathlib import Path
 
 from ...engine.config import Pi05Config
 from ..errors import PolicyConfigError
-from ..spec import FeatureNorm, PolicySpec
+from ..spec import PolicySpec
 from . import SpecOptions
-from .common import as_stats, find_tokenizer, read_json
+from .common import find_tokenizer
+from .openpi import read_norm_stats
 
 __all__ = ["NORM_STATS_NAME", "read_oxygen"]
 
@@ -28,23 +29,12 @@ def read_oxygen(directory: Path, options: SpecOptions, config: Pi05Config,
     stats_path = directory / NORM_STATS_NAME
     state_norm = action_norm = None
     notes = []
+    if mode is not None and options.norm_stats_path:
+        stats_path = Path(options.norm_stats_path).expanduser()
     if mode is not None and stats_path.is_file():
-        data = read_json(stats_path)
-        stats = data.get("norm_stats", data) if isinstance(data, dict) else None
-        if not isinstance(stats, dict):
-            raise PolicyConfigError(f"{stats_path}: expected {{'norm_stats': {{'state': ..., 'actions': ...}}}}")
-        needed = ("q01", "q99") if mode == "quantiles" else ("mean", "std")
-        norms = []
-        for key in ("state", "actions"):
-            if key not in stats:
-                raise PolicyConfigError(f"{stats_path}: field 'norm_stats.{key}' missing")
-            arrays = as_stats(stats[key], f"{stats_path}:norm_stats.{key}")
-            if any(n not in arrays for n in needed):
-                raise PolicyConfigError(f"{stats_path}: norm_stats.{key} lacks {needed} for {mode} normalisation")
-            norms.append(FeatureNorm(mode, {n: arrays[n] for n in needed}, "openpi", 1e-6))
-        state_norm, action_norm = norms
+        state_norm, action_norm = read_norm_stats(stats_path, mode)
         notes.append(f"norm stats {stats_path} ({mode})")
-    elif mode is not None and not generated:
+    elif mode is not None and (options.norm_stats_path or not generated):
         raise PolicyConfigError(f"{stats_path}: missing; set normalization: none to run this checkpoint "
                                 "unnormalised on purpose")
     tokenizer = find_tokenizer(Path(options.tokenizer_path) if options.tokenizer_path else None, directory)
@@ -57,5 +47,6 @@ def read_oxygen(directory: Path, options: SpecOptions, config: Pi05Config,
         state_dim=state_norm.dim if state_norm else None, action_dims=int(action_dims),
         chunk_size=config.action_horizon, n_action_steps=config.action_horizon, state_norm=state_norm,
         action_norm=action_norm, state_in_prompt=True, clip_state=True, tokenizer=tokenizer,
-        max_token_len=config.max_token_len, time_schedule=config.time_schedule, notes=tuple(notes))
+        max_token_len=config.max_token_len, time_schedule=config.time_schedule,
+        default_cameras=tuple(config.camera_names), notes=tuple(notes))
     return spec, {}
