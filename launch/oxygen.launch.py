@@ -33,7 +33,8 @@ EXECUTABLE = "oxygen_node"
 ARGUMENTS: list[tuple[str, Any, str]] = [
     ("config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "tabletop.yaml"]),
      "ROS parameters file (see share/oxygen_ros/config: tabletop, libero, droid, aloha, humanoid, synthetic)"),
-    ("checkpoint_path", "", "pi0.5 checkpoint directory; overrides the config file's checkpoint_path when set"),
+    ("checkpoint_path", "", "pi0.5 checkpoint directory; overrides the config file's checkpoint_path (and its "
+     "embedded model) when set"),
     ("use_sim_time", "false", "follow /clock (bag replay, simulation)"),
     ("namespace", "", "namespace of the node (relative topics such as joint_states and instruction move with it)"),
     ("node_name", "oxygen", "name of the node (its outputs are ~/action_chunk, ~/language_output, ~/trajectory)"),
@@ -59,8 +60,8 @@ def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_s
     """The node action with plain values (also used by test/test_launch.py). ``extra_parameters`` override the
     config file; ``kwargs`` go to the action (e.g. ``cached_output``, ``additional_env``, ``output``)."""
     overrides: dict[str, Any] = {**(extra_parameters or {}), "use_sim_time": use_sim_time, "autostart": autostart}
-    if checkpoint_path:
-        overrides["checkpoint_path"] = checkpoint_path
+    if checkpoint_path:  # a checkpoint named on the command line replaces the config's embedded model
+        overrides.update(checkpoint_path=checkpoint_path, model="")
     remappings = [
         # Remapping examples: send trajectories straight to a ros2_control joint_trajectory_controller ...
         ("~/trajectory", trajectory_topic),

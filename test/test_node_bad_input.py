@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import array
 import json
+import re
 import os
 import signal
 import time
@@ -308,6 +309,68 @@ def test_configure_fails_for_missing_checkpoint_and_unknown_camera(context, tmp_
         assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
         node.set_parameters([Parameter("camera_names", value=["base_0_rgb"])])
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+    finally:
+        node.destroy_node()
+
+
+@pytest.fixture(scope="module")
+def real_layouts(tmp_path_factory) -> dict[str, Path]:
+    """Small checkpoints laid out as LeRobot and openpi save them (8 joints, like JOINTS)."""
+    from checkpoints import write_lerobot, write_openpi
+    from conftest import make_model
+
+    root = tmp_path_factory.mktemp("layouts")
+    model = make_model(get_config("tiny", max_token_len=64, action_dim=32), seed=2)
+    lerobot = write_lerobot(root / "lerobot", model, cameras=["base_0_rgb", "left_wrist_0_rgb"], state_dim=8,
+                            action_dim=8, chunk_size=10, n_action_steps=4)
+    openpi = write_openpi(root / "openpi", model, state_dim=8, action_dim=8, horizon=15)
+    two = write_openpi(root / "two_assets", model, state_dim=8, action_dim=8, horizon=15, asset_ids=("a", "b"))
+    bare = write_openpi(root / "no_assets", model, state_dim=8, action_dim=8, horizon=15, asset_ids=())
+    (root / "junk").mkdir()
+    (root / "junk" / "model.safetensors").write_bytes(b"not weights")
+    return {"lerobot": lerobot, "openpi": openpi, "two_assets": two, "no_assets": bare, "junk": root / "junk"}
+
+
+@pytest.mark.parametrize("case, params, message", [
+    ("toy_and_path", {"model": "toy", "checkpoint_path": "/models/pi05"}, "checkpoint_path: '/models/pi05' is set "
+     "but model is 'toy'"),
+    ("horizon", {"ckpt": "lerobot", "action_horizon": 50}, "action_horizon: 50 but the checkpoint denoises chunks "
+     "of 10"),
+    ("execute", {"ckpt": "lerobot", "actions_per_chunk": 11}, "actions_per_chunk: 11 > the checkpoint's chunk"),
+    ("too_many_cameras", {"ckpt": "lerobot", "camera_names": ["base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb"]},
+     "camera_names: \\['right_wrist_0_rgb'\\] are not camera slots of the checkpoint"),
+    ("state_dims", {"ckpt": "lerobot", "joint_names": JOINTS[:5]}, "joint_names: 5 joints but the checkpoint's "
+     "state has 8 dims"),
+    ("action_dims", {"ckpt": "openpi", "action_names": ["a", "b"]}, "action_names: 2 names but the checkpoint "
+     "outputs 8 action dims"),
+    ("lerobot_stats_path", {"ckpt": "lerobot", "norm_stats_path": "/x.json"}, "norm_stats_path: not used for "
+     "LeRobot"),
+    ("ambiguous_assets", {"ckpt": "two_assets"}, "several norm stats \\['a', 'b'\\]; choose one with asset_id"),
+    ("no_stats", {"ckpt": "no_assets"}, "set normalization: none to run unnormalised on purpose"),
+    ("unknown_layout", {"ckpt": "junk"}, "unknown layout"),
+])
+def test_checkpoint_contract_errors_leave_the_node_unconfigured(context, real_layouts, capfd, case, params,
+                                                                message) -> None:
+    params = dict(params)
+    if "ckpt" in params:
+        params = {"model": "", "checkpoint_path": str(real_layouts[params.pop("ckpt")]), **params}
+    node = make_node(context, **params)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.FAILURE
+        assert node.params is None and node._runner is None and node._loaded is None
+        err = capfd.readouterr().err
+        assert re.search(message, err), err[-2000:]
+        assert "Traceback" not in err
+    finally:
+        node.destroy_node()
+
+
+def test_real_layouts_configure_and_publish_n_action_steps(context, real_layouts) -> None:
+    node = make_node(context, model="", checkpoint_path=str(real_layouts["lerobot"]), max_image_age_s=1e9)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node._runner.n_execute == 4 and node.params.camera_names == ("base_0_rgb", "left_wrist_0_rgb")
+        assert node.params.num_steps == 10
     finally:
         node.destroy_node()
 

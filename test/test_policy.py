@@ -324,3 +324,36 @@ def test_runner_engines_agree_and_execute_n_actions(tiny_lerobot: Path) -> None:
             outs[mode].append(out.chunk.chunk)
     for a, b in zip(outs["oxygen"], outs["isolated"], strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------- node presets
+PRESETS = {  # preset -> (asset id, state dims, action dims kept, horizon)
+    "libero": ("physical-intelligence/libero", 8, 7, 10),
+    "droid": ("droid", 8, 8, 15),
+    "aloha": ("trossen", 14, 14, 50),
+}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_fit_the_public_openpi_checkpoints(preset: str, tmp_path: Path) -> None:
+    """config/<preset>.yaml + an openpi checkpoint laid out like the public one: configure's checks pass, and the
+    checkpoint's own contract (not the YAML) decides horizon, prompt format, deltas and the adapter."""
+    import yaml
+
+    from oxygen_ros.ros.model_loader import load_node_policy
+    from oxygen_ros.ros.params import validate
+
+    asset, state_dim, action_dim, horizon = PRESETS[preset]
+    model = make_model(get_config("tiny", max_token_len=200, action_dim=32), seed=7)
+    ckpt = write_openpi(tmp_path / "ckpt", model, state_dim=state_dim, action_dim=action_dim, horizon=horizon,
+                        asset_ids=(asset,))
+    repo = Path(__file__).resolve().parents[1]
+    values = yaml.safe_load((repo / "config" / f"{preset}.yaml").read_text())["/**"]["ros__parameters"]
+    loaded = load_node_policy(validate({**values, "checkpoint_path": str(ckpt), "device": "cpu"}))
+    spec = loaded.policy.spec
+    assert spec.chunk_size == horizon and spec.action_dims == len(loaded.action_names) == action_dim
+    assert spec.state_in_prompt == (preset != "libero")
+    assert spec.robot_adapter == ("aloha" if preset == "aloha" else "none")
+    assert any(spec.delta_mask) == (preset == "aloha")
+    with pytest.raises(ValueError, match="action_horizon: 3 but the checkpoint denoises chunks of"):
+        load_node_policy(validate({**values, "checkpoint_path": str(ckpt), "device": "cpu", "action_horizon": 3}))
