@@ -1,6 +1,6 @@
 # oxygen_ros: one-command environment, demo and tests.
 #   make setup   create .venv with pinned dependencies and the built ROS 2 messages (idempotent)
-#   make demo    run the node on the embedded default model and a synthetic camera stream (~20 s)
+#   make demo    closed loop over ROS 2: the node's embedded model drives the tabletop simulator (~20 s)
 #   make test    run the whole test suite
 PY ?= python3.11
 VENV := .venv

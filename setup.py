@@ -16,8 +16,10 @@ setup(
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),
     ],
-    package_data={"oxygen_ros.models": ["toy/*"]},
-    include_package_data=True,
+    # the model's files only: training logs and curves stay in the repository (runs/train_toy/)
+    package_data={"oxygen_ros.models": [f"toy/{name}" for name in ("config.json", "model.safetensors",
+                                                                    "norm_stats.json", "tokenizer.model",
+                                                                    "README.md")]},
     install_requires=["torch>=2.5", "numpy", "safetensors", "sentencepiece", "transformers", "tqdm"],
     extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml"]},
     zip_safe=False,
