@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
-from oxygen_ros.bench.cli import decode_cost, main, pool_size
+from oxygen_ros.bench.cli import main
+from oxygen_ros.bench.cost_model import decode_cost
+from oxygen_ros.bench.runner import pool_size
 
 
 def test_bench_cli_writes_json_table_and_plots(tmp_path) -> None:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from oxygen_ros.bench import sweep
-from oxygen_ros.bench.sweep import GRIDS, Point, build_plan, main
+from oxygen_ros.bench import sweep_run
+from oxygen_ros.bench.points import Point
+from oxygen_ros.bench.suites import GRIDS, SUITES, build_plan
+from oxygen_ros.bench.sweep import main
 
 TINY = ["--config", "tiny", "--device", "cpu", "--frames", "2", "--threads", "1"]
 REPO = Path(__file__).resolve().parents[1]
@@ -23,8 +25,8 @@ def lines(path: Path) -> list[dict]:
 
 def test_point_ids_are_stable_and_unique() -> None:
     base = Point(suite="", engine="", config="tiny")
-    plan = build_plan(sweep.SUITES, GRIDS["quick"], base)
-    assert [p.id for p in plan] == [p.id for p in build_plan(sweep.SUITES, GRIDS["quick"], base)]
+    plan = build_plan(SUITES, GRIDS["quick"], base)
+    assert [p.id for p in plan] == [p.id for p in build_plan(SUITES, GRIDS["quick"], base)]
     assert len({p.id for p in plan}) == len(plan)
     assert plan[0].engine == "profile"  # stage profiles first: predictions and the auto deadline need them
     p = replace(base, suite="tradeoff", engine="oxygen", k=5, N=30, frames=4)
@@ -65,7 +67,7 @@ def test_quick_sweep_writes_records_summary_plots_and_resumes(tmp_path: Path, mo
     # a killed run leaves a torn last line: ignored; finished points are not measured again
     with (out / "points.jsonl").open("a") as f:
         f.write('{"id": "torn')
-    monkeypatch.setattr(sweep, "measure", lambda *a, **k: pytest.fail("a finished point ran again"))
+    monkeypatch.setattr(sweep_run, "measure", lambda *a, **k: pytest.fail("a finished point ran again"))
     again = main([*TINY, "--suite", "headline", "ablation", "--out", str(out)])
     assert [p["id"] for p in again["points"]] == plan_ids
     assert (out / "points.jsonl").read_text().count("\n") == len(records) + 1

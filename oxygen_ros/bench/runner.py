@@ -7,20 +7,22 @@ import platform
 import statistics
 from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
 
 import torch
+from torch import nn
 
+from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.requests import Frame, FrameResult
 from oxygen_ros.engine.workload import Workload
-from oxygen_ros.tools.profile import dummy_observation
 
-PROMPT_LEN = 48  # valid prompt tokens of the benchmark observation (pi0.5 LIBERO prompts are ~30-50 tokens)
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager", "frame")
 
 
 def machine_info(device: torch.device) -> dict:
+    """Platform, processor, torch version, threads and device (with the GPU's name on CUDA) of this run."""
     info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
             "torch": torch.__version__, "threads": torch.get_num_threads(), "device": str(device)}
     if device.type == "cuda":
@@ -36,14 +38,20 @@ def warmup_frames(ec: EngineConfig, workload: Workload) -> int:
     return math.ceil(workload.max_new_tokens / k) + 2
 
 
+def pool_size(n: int, k: int | str, burst: int = 1) -> int:
+    """In-flight bound sized to the workload: ceil(N/k) requests in steady state, plus slack for arrivals."""
+    steady = math.ceil(n / k) if isinstance(k, int) else n
+    return steady + max(burst, 2)
+
+
 class PointRun:
     """One engine on one workload: warm-up frames, then measured frames one at a time, then a record."""
 
     def __init__(self, model: Pi05Model, ec: EngineConfig, workload: Workload, frames: int, seed: int = 0,
-                 heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> None:
+                 heads: nn.ModuleList | None = None, on_frame: Callable[[FrameResult], None] | None = None) -> None:
         self.model, self.ec, self.workload, self.heads, self.on_frame = model, ec, workload, heads, on_frame
         self.engine = build_engine(model, ec, heads=heads)
-        self.obs = dummy_observation(model, 1, prompt_len=min(model.config.max_token_len, PROMPT_LEN))
+        self.obs = dummy_observation(model, 1, prompt_len=benchmark_prompt_len(model))
         self.warm = warmup_frames(ec, workload)
         self.schedule = workload.schedule(self.warm + frames)
         gen = torch.Generator(device="cpu").manual_seed(seed)
@@ -54,9 +62,11 @@ class PointRun:
 
     @property
     def done(self) -> bool:
+        """Every frame of the schedule (warm-up and measured) has run."""
         return self.frame >= len(self.schedule)
 
     def step(self) -> None:
+        """Run the next frame of the schedule."""
         res = self.engine.step(Frame(self.obs, self.schedule[self.frame], self.noise))
         if self.on_frame is not None:
             self.on_frame(res)
@@ -65,10 +75,12 @@ class PointRun:
         self.frame += 1
 
     def warm_up(self) -> None:
+        """Run the warm-up frames (not recorded)."""
         while self.frame < self.warm:
             self.step()
 
     def record(self) -> dict:
+        """Close the engine and summarize the measured frames."""
         close = getattr(self.engine, "close", None)
         if close:
             close()
@@ -77,7 +89,7 @@ class PointRun:
 
 
 def run_point(model: Pi05Model, ec: EngineConfig, workload: Workload, frames: int, seed: int = 0,
-              heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> dict:
+              heads: nn.ModuleList | None = None, on_frame: Callable[[FrameResult], None] | None = None) -> dict:
     """Measure ``frames`` frames after warm-up; returns one JSON-able record.
 
     ``on_frame`` sees every frame's result, warm-up included (progress bars, traces)."""
@@ -88,7 +100,8 @@ def run_point(model: Pi05Model, ec: EngineConfig, workload: Workload, frames: in
 
 
 def run_interleaved(model: Pi05Model, plan: list[tuple[EngineConfig, Workload]], frames: int, seed: int = 0,
-                    heads=None, on_frame: Callable[[FrameResult], None] | None = None) -> list[dict]:
+                    heads: nn.ModuleList | None = None,
+                    on_frame: Callable[[FrameResult], None] | None = None) -> list[dict]:
     """Several points measured round-robin, one frame each in turn after every point's warm-up, so slow drift of
     the machine (frequency, neighbours on a shared host) affects every engine alike. Records in plan order."""
     runs = [PointRun(model, ec, wl, frames, seed, heads, on_frame) for ec, wl in plan]
@@ -101,8 +114,8 @@ def run_interleaved(model: Pi05Model, plan: list[tuple[EngineConfig, Workload]],
     return [run.record() for run in runs]
 
 
-def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, horizon: int, engine,
-              heads=None) -> dict:
+def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, horizon: int, engine: Any,
+              heads: nn.ModuleList | None = None) -> dict:
     """The paper's metrics over the measured frames of one point."""
     deadline = ec.deadline_s
     total = sum(r.timings["frame"] for r in records)

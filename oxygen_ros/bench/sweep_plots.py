@@ -14,7 +14,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from oxygen_ros.bench.plots import COLORS, plot_bench  # noqa: E402
-from oxygen_ros.bench.sweep import row  # noqa: E402
+from oxygen_ros.bench.sweep_report import row  # noqa: E402
 
 STAGE_COLORS = {"prefill_ms": "tab:blue", "language_prefill_ms": "tab:cyan", "denoise_ms": "tab:red",
                 "decode_ms": "tab:green", "manager_ms": "black"}

@@ -1,0 +1,48 @@
+"""oxygen-bench's results: predictions and ratios against isolated, ``results.json`` and the ``summary.md`` table."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from oxygen_ros.bench.cost_model import predict_frame_s
+
+
+def add_derived(points: list[dict], profile: dict) -> None:
+    """In place: the predicted frame time of every point and its ratios against isolated at the same N."""
+    for point in points:
+        point["predicted_frame_ms"] = 1e3 * predict_frame_s(point, profile)
+        point["measured_over_predicted"] = point["frame_ms_mean"] / point["predicted_frame_ms"]
+    for p in points:
+        base = next((q for q in points if q["engine"] == "isolated" and q["N"] == p["N"]), None)
+        if base:
+            p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
+            p["token_rate_vs_isolated"] = p["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
+            p["predicted_speedup"] = base["predicted_frame_ms"] / p["predicted_frame_ms"]
+            p["memory_vs_isolated"] = p["memory_bytes"] / base["memory_bytes"]
+
+
+def markdown_table(points: list[dict]) -> str:
+    """One row per point: frequency, throughput, frame time, measured and predicted speedup, shares, memory."""
+    rows = ["| engine | N | k | action Hz | tokens/s | frame ms (p99) | speedup | predicted | tokens/s x "
+            "| manager % | other % | mean batch | memory x |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    nan = float("nan")
+    for p in points:
+        k = p["k"] if p["engine"] == "oxygen" else "-"
+        rows.append(
+            f"| {p['engine']} | {p['N']} | {k} | {p['action_hz']:.1f} | {p['tokens_per_s']:.1f} | "
+            f"{p['frame_ms_mean']:.0f} ({p['frame_ms_p99']:.0f}) | {p.get('speedup_vs_isolated', nan):.2f}x | "
+            f"{p.get('predicted_speedup', nan):.2f}x | {p.get('token_rate_vs_isolated') or nan:.2f}x | "
+            f"{100 * p['manager_share']:.2f} | {100 * p.get('unaccounted_share', nan):.2f} | {p['batch_mean']:.1f} | "
+            f"{p.get('memory_vs_isolated', nan):.3f} |")
+    return "\n".join(rows)
+
+
+def write_results(result: dict, out: Path) -> str:
+    """``out/results.json`` and ``out/summary.md``; returns the table."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
+    table = markdown_table(result["points"])
+    (out / "summary.md").write_text(table + "\n")
+    return table
