@@ -6,9 +6,8 @@ running node process, which must count them and keep serving.
 from __future__ import annotations
 
 import array
-import json
-import re
 import os
+import re
 import signal
 import time
 from pathlib import Path
@@ -35,11 +34,11 @@ from std_msgs.msg import String  # noqa: E402
 
 from oxygen_ros.engine import get_config  # noqa: E402
 from oxygen_ros.engine.tokenizer import PromptTokenizer  # noqa: E402
+from oxygen_ros.policy import Policy, load_policy  # noqa: E402
 from oxygen_ros.ros.diagnostics import NodeStats, ReasonCounter  # noqa: E402
 from oxygen_ros.ros.harness import NodeProcess, Probe  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
 from oxygen_ros.ros.node import OxygenNode  # noqa: E402
-from oxygen_ros.policy import Policy, load_policy  # noqa: E402
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
 from oxygen_ros.ros.publishers import make_trajectory  # noqa: E402
@@ -63,7 +62,8 @@ def test_defaults_need_a_model_and_joints() -> None:
 
 
 @pytest.mark.parametrize("name, value", [
-    ("mode", "parallel_universe"), ("num_steps", -1), ("actions_per_chunk", -2), ("k", -1), ("k", 2.5), ("max_new_tokens", "30"),
+    ("mode", "parallel_universe"), ("num_steps", -1), ("actions_per_chunk", -2), ("k", -1), ("k", 2.5),
+    ("max_new_tokens", "30"),
     ("control_rate_hz", 0.0), ("control_rate_hz", "fast"), ("max_image_age_s", -1.0), ("overflow", "explode"),
     ("camera_reliability", "sometimes"), ("device", "tpu"), ("dtype", "float8"), ("model", "gpt5"),
     ("camera_topics", ["/a"]), ("camera_compressed", [True]), ("camera_names", ["a", "a"]),
