@@ -21,8 +21,6 @@ from oxygen_ros.ros.image_conversion import (  # noqa: E402
     array_to_image_msg,
     compressed_msg_to_array,
     image_msg_to_array,
-    preprocess,
-    resize_with_pad,
 )
 
 BPP = {"rgb8": 3, "bgr8": 3, "rgba8": 4, "bgra8": 4, "mono8": 1, "8UC1": 1, "mono16": 2, "16UC1": 2}
@@ -249,56 +247,3 @@ def test_compressed_undecodable(payload: bytes) -> None:
     msg.data = array.array("B", payload)
     with pytest.raises(ImageError):
         compressed_msg_to_array(msg)
-
-
-# --- resize with pad and normalisation ------------------------------------------------------------------------
-
-def test_preprocess_square_is_plain_normalisation() -> None:
-    rgb = rgb_image(16, 16)
-    out = preprocess(rgb, 16)
-    assert out.shape == (3, 16, 16) and out.dtype == np.float32
-    np.testing.assert_allclose(out, rgb.transpose(2, 0, 1) / 127.5 - 1.0, atol=1e-6)
-    assert preprocess(np.zeros((4, 4, 3), np.uint8), 4).min() == -1.0
-    assert preprocess(np.full((4, 4, 3), 255, np.uint8), 4).max() == 1.0
-
-
-@pytest.mark.parametrize(("h", "w", "size"), [(100, 200, 224), (480, 640, 224), (640, 480, 224), (30, 31, 28),
-                                             (1, 1000, 64), (224, 224, 112), (10, 10, 224)])
-def test_resize_with_pad_geometry(h: int, w: int, size: int) -> None:
-    """White content centred on black, with openpi's sizes: int(dim / ratio), pads (size - dim) // 2."""
-    ratio = max(w / size, h / size)
-    new_h, new_w = max(1, int(h / ratio)), max(1, int(w / ratio))
-    top, left = (size - new_h) // 2, (size - new_w) // 2
-    out = preprocess(np.full((h, w, 3), 255, np.uint8), size)
-    assert out.shape == (3, size, size) and out.dtype == np.float32
-    assert out.min() >= -1.0 and out.max() <= 1.0
-    content = np.zeros((size, size), bool)
-    content[top:top + new_h, left:left + new_w] = True
-    np.testing.assert_array_equal(out[:, content], 1.0)
-    np.testing.assert_array_equal(out[:, ~content], -1.0)
-
-
-def test_resize_with_pad_matches_openpi_pil() -> None:
-    """Same result as openpi's PIL implementation (bilinear), up to interpolation differences."""
-    pil = pytest.importorskip("PIL.Image")
-    y, x = np.mgrid[0:120, 0:200]
-    rgb = np.stack([x, y * 2, (x + y) % 256], axis=2).astype(np.uint8)
-    size = 64
-    image = pil.fromarray(rgb)
-    ratio = max(image.width / size, image.height / size)
-    rh, rw = int(image.height / ratio), int(image.width / ratio)
-    resized = image.resize((rw, rh), resample=pil.BILINEAR)
-    canvas = pil.new(resized.mode, (size, size), 0)
-    canvas.paste(resized, ((size - rw) // 2, (size - rh) // 2))
-    expected = np.asarray(canvas)
-    out = resize_with_pad(rgb, size, size)
-    assert out.shape == expected.shape
-    np.testing.assert_array_equal(out == 0, expected == 0)  # same padding (the content has no zeros)
-    assert np.abs(out.astype(int) - expected).mean() < 3
-
-
-@pytest.mark.parametrize("bad", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 4), np.uint8),
-                                 np.zeros((4, 4, 3), np.float32), np.zeros((0, 4, 3), np.uint8)])
-def test_preprocess_rejects_non_rgb(bad: np.ndarray) -> None:
-    with pytest.raises(ImageError):
-        preprocess(bad, 8)

@@ -151,6 +151,36 @@ def test_image_conventions_and_missing_camera_rules() -> None:
         assemble_slots({}, ("a",), 8, "append")
 
 
+@pytest.mark.parametrize("resize", ["pil_bilinear", "torch_bilinear"])
+@pytest.mark.parametrize(("h", "w", "size"), [(100, 200, 224), (480, 640, 224), (640, 480, 224), (30, 31, 28),
+                                             (1, 1000, 64), (224, 224, 112), (10, 10, 224)])
+def test_resize_with_pad_geometry(resize: str, h: int, w: int, size: int) -> None:
+    """White content on black (-1) with the frameworks' sizes: int(dim / ratio), centred, remainder bottom/right."""
+    ratio = max(w / size, h / size)
+    new_h, new_w = int(h / ratio), int(w / ratio)
+    if new_h == 0:
+        with pytest.raises(ValueError, match="cannot be fitted"):
+            image_to_model(np.full((h, w, 3), 255, np.uint8), size, resize)
+        return
+    top, left = (size - new_h) // 2, (size - new_w) // 2
+    out = image_to_model(np.full((h, w, 3), 255, np.uint8), size, resize)
+    assert out.shape == (3, size, size) and out.dtype == np.float32
+    content = np.zeros((size, size), bool)
+    content[top:top + new_h, left:left + new_w] = True
+    np.testing.assert_array_equal(out[:, ~content], -1.0)
+    np.testing.assert_allclose(out[:, content], 1.0, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", [np.zeros((4, 4), np.uint8), np.zeros((4, 4, 4), np.uint8),
+                                 np.zeros((4, 4, 3), np.int32), np.zeros((0, 4, 3), np.uint8),
+                                 np.full((4, 4, 3), np.nan, np.float32)])
+def test_non_rgb_images_are_rejected(bad: np.ndarray) -> None:
+    from oxygen_ros.policy.images import as_hwc_uint8
+
+    with pytest.raises(ValueError):
+        as_hwc_uint8(bad)
+
+
 # ---------------------------------------------------------------------------------------------- generated layouts
 @pytest.fixture(scope="module")
 def tiny_lerobot(tmp_path_factory) -> Path:

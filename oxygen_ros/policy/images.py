@@ -72,7 +72,15 @@ def pixels_to_model(images: np.ndarray) -> torch.Tensor:
 
 
 def image_to_model(image: np.ndarray, size: int, resize: str) -> np.ndarray:
-    """uint8 RGB [H, W, 3] -> float32 [3, size, size] in [-1, 1] per the ``resize`` convention."""
+    """uint8 RGB [H, W, 3] -> float32 [3, size, size] in [-1, 1] per the ``resize`` convention.
+
+    Raises:
+        ValueError: an image so elongated that one side would shrink to 0 pixels.
+    """
+    h, w = image.shape[:2]
+    ratio = max(w / size, h / size)
+    if int(h / ratio) < 1 or int(w / ratio) < 1:
+        raise ValueError(f"image of {w}x{h} pixels cannot be fitted into {size}x{size} (a side would be 0 pixels)")
     if resize == "pil_bilinear":
         return pixels_to_model(_pil_resize_with_pad(image, size)).numpy()
     if resize == "torch_bilinear":

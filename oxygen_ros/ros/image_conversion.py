@@ -11,8 +11,9 @@ from typing import Any
 
 import cv2
 import numpy as np
-from builtin_interfaces.msg import Time
 from sensor_msgs.msg import Image
+
+from .stamps import to_time_msg
 
 __all__ = [
     "SUPPORTED_ENCODINGS",
@@ -20,8 +21,6 @@ __all__ = [
     "array_to_image_msg",
     "compressed_msg_to_array",
     "image_msg_to_array",
-    "preprocess",
-    "resize_with_pad",
 ]
 
 
@@ -123,52 +122,6 @@ def _check_rgb(rgb: np.ndarray) -> None:
         raise ImageError(f"image has zero size {rgb.shape}")
 
 
-def resize_with_pad(rgb: np.ndarray, height: int, width: int) -> np.ndarray:
-    """openpi's resize_with_pad: scale to fit inside (height, width) keeping the aspect ratio, pad black, centred.
-
-    INTER_AREA when shrinking, INTER_LINEAR when enlarging. Returns uint8 [height, width, 3].
-    """
-    _check_rgb(rgb)
-    cur_h, cur_w = rgb.shape[:2]
-    if (cur_h, cur_w) == (height, width):
-        return rgb
-    ratio = max(cur_w / width, cur_h / height)
-    new_h = min(height, max(1, int(cur_h / ratio)))
-    new_w = min(width, max(1, int(cur_w / ratio)))
-    interp = cv2.INTER_AREA if ratio > 1 else cv2.INTER_LINEAR
-    resized = cv2.resize(np.ascontiguousarray(rgb), (new_w, new_h), interpolation=interp)
-    out = np.zeros((height, width, 3), dtype=np.uint8)
-    top, left = (height - new_h) // 2, (width - new_w) // 2
-    out[top:top + new_h, left:left + new_w] = resized.reshape(new_h, new_w, 3)
-    return out
-
-
-def preprocess(rgb: np.ndarray, size: int) -> np.ndarray:
-    """RGB uint8 [H, W, 3] -> float32 [3, size, size] in [-1, 1] (resize with pad, then x / 127.5 - 1)."""
-    if size <= 0:
-        raise ValueError(f"size must be positive, got {size}")
-    square = resize_with_pad(rgb, size, size)
-    chw = np.ascontiguousarray(square.transpose(2, 0, 1), dtype=np.float32)
-    chw *= 1.0 / 127.5
-    chw -= 1.0
-    return chw
-
-
-def _to_time_msg(stamp: Any) -> Time:
-    if stamp is None:
-        return Time()
-    if isinstance(stamp, Time):
-        return stamp
-    if hasattr(stamp, "to_msg"):  # rclpy.time.Time
-        return stamp.to_msg()
-    if isinstance(stamp, (int, np.integer)):  # nanoseconds
-        sec, nsec = divmod(int(stamp), 1_000_000_000)
-        return Time(sec=sec, nanosec=nsec)
-    if hasattr(stamp, "sec") and hasattr(stamp, "nanosec"):  # e.g. a rosbags Time
-        return Time(sec=int(stamp.sec), nanosec=int(stamp.nanosec))
-    raise TypeError(f"stamp must be a builtin_interfaces Time, rclpy Time, int nanoseconds or None, got {stamp!r}")
-
-
 def array_to_image_msg(rgb: np.ndarray, stamp: Any = None, frame_id: str = "") -> Image:
     """RGB uint8 [H, W, 3] -> ``sensor_msgs/Image`` (rgb8), built by hand (cv_bridge fails under numpy 2).
 
@@ -176,7 +129,7 @@ def array_to_image_msg(rgb: np.ndarray, stamp: Any = None, frame_id: str = "") -
     """
     _check_rgb(rgb)
     msg = Image()
-    msg.header.stamp = _to_time_msg(stamp)
+    msg.header.stamp = to_time_msg(stamp)
     msg.header.frame_id = frame_id
     msg.height, msg.width = int(rgb.shape[0]), int(rgb.shape[1])
     msg.encoding = "rgb8"

@@ -24,13 +24,9 @@ from oxygen_ros.policy import Policy, PreparedObservation, RawObservation
 
 from .diagnostics import ReasonCounter
 from .image_conversion import SUPPORTED_ENCODINGS, ImageError, compressed_msg_to_array, image_msg_to_array
+from .stamps import stamp_to_ns
 
 __all__ = ["BuiltObservation", "CameraImage", "InputStore", "ObservationBuilder", "Skip", "stamp_to_ns"]
-
-
-def stamp_to_ns(stamp) -> int:
-    """builtin_interfaces/Time -> integer nanoseconds."""
-    return int(stamp.sec) * 1_000_000_000 + int(stamp.nanosec)
 
 
 @dataclass

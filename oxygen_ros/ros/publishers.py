@@ -6,29 +6,14 @@ import array
 from collections.abc import Sequence
 
 import numpy as np
-from builtin_interfaces.msg import Duration, Time
 from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 
 from oxygen_ros.engine.requests import FinishedRequest
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 
-__all__ = ["duration_msg", "language_output", "make_action_chunk", "make_trajectory",
-           "time_msg"]
+from .stamps import duration_msg, time_msg
 
-_NS = 1_000_000_000
-
-
-def time_msg(ns: int) -> Time:
-    """Integer nanoseconds -> builtin_interfaces/Time."""
-    sec, nanosec = divmod(int(ns), _NS)
-    return Time(sec=sec, nanosec=nanosec)
-
-
-def duration_msg(seconds: float) -> Duration:
-    """Seconds (>= 0) -> builtin_interfaces/Duration."""
-    sec, nanosec = divmod(max(0, round(seconds * _NS)), _NS)
-    return Duration(sec=sec, nanosec=nanosec)
-
+__all__ = ["duration_msg", "language_output", "make_action_chunk", "make_trajectory", "time_msg"]
 
 def make_action_chunk(actions: np.ndarray, stamp_ns: int, frame_index: int, names: Sequence[str], dt_s: float,
                       latency_s: float, frame_id: str = "") -> ActionChunk:
