@@ -10,7 +10,7 @@ from safetensors.numpy import save_file as save_numpy
 
 from oxygen_ros.engine import Pi05Model
 from oxygen_ros.engine.checkpoint import CONFIG_NAME, save_checkpoint
-from oxygen_ros.tools.make_tokenizer import make_test_tokenizer
+from oxygen_ros.engine.small_tokenizer import make_test_tokenizer
 
 STAT_NAMES = ("mean", "std", "min", "max", "q01", "q10", "q90", "q99")
 

@@ -15,8 +15,8 @@ pytest.importorskip("sensor_msgs.msg", reason="the ROS 2 message wheels are not 
 
 from rosbags.highlevel import AnyReader  # noqa: E402
 
+from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
 from oxygen_ros.tools import evaluate_bag as ev  # noqa: E402
-from oxygen_ros.tools.make_checkpoint import make_random_checkpoint  # noqa: E402
 from oxygen_ros.tools.make_demo_bag import make_demo_bag  # noqa: E402
 
 # a few ms per frame on the tiny model; its generated checkpoint has no statistics, so unnormalised on purpose

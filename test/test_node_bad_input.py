@@ -35,6 +35,7 @@ from std_msgs.msg import String  # noqa: E402
 from oxygen_ros.engine import get_config  # noqa: E402
 from oxygen_ros.engine.tokenizer import PromptTokenizer  # noqa: E402
 from oxygen_ros.policy import Policy, load_policy  # noqa: E402
+from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
 from oxygen_ros.ros.diagnostics import NodeStats, ReasonCounter  # noqa: E402
 from oxygen_ros.ros.harness import NodeProcess, Probe  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
@@ -42,7 +43,6 @@ from oxygen_ros.ros.node import OxygenNode  # noqa: E402
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
 from oxygen_ros.ros.publishers import make_trajectory  # noqa: E402
-from oxygen_ros.tools.make_checkpoint import make_random_checkpoint  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
+from oxygen_ros.engine.small_tokenizer import make_test_tokenizer
 from oxygen_ros.engine.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -19,7 +20,6 @@ from oxygen_ros.engine.tokenizer import (
     discretize_state,
 )
 from oxygen_ros.tools.make_tokenizer import main as make_tokenizer_main
-from oxygen_ros.tools.make_tokenizer import make_test_tokenizer
 
 INSTRUCTION = "put the red block on the blue plate"
 

@@ -97,7 +97,7 @@ class PromptTokenizer:
     """PaliGemma SentencePiece tokenizer producing pi0.5 action prompts and language-request prompts.
 
     In production this wraps PaliGemma's tokenizer (256000 text pieces + 1024 ``<loc>`` + 128 ``<seg>``,
-    PAD 0, EOS 1, BOS 2); tests use a small model from ``oxygen_ros.tools.make_tokenizer``.
+    PAD 0, EOS 1, BOS 2); tests use a small model from ``oxygen_ros.engine.small_tokenizer``.
     """
 
     def __init__(self, path: str | os.PathLike[str], max_token_len: int = DEFAULT_MAX_TOKEN_LEN) -> None:

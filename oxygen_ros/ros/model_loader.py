@@ -74,7 +74,7 @@ def _generate_random_tiny(p: NodeParams) -> Path:
     """A tiny random pi0.5 (+ matching test tokenizer) in a fresh temporary directory, shaped by the parameters
     (cameras, horizon, enough action dims for the robot). Weights use a wide init (std 0.3) so generated text
     varies instead of repeating one token."""
-    from oxygen_ros.tools.make_checkpoint import make_random_checkpoint
+    from oxygen_ros.policy.synthetic import make_random_checkpoint
 
     out = Path(tempfile.mkdtemp(prefix="oxygen_random_tiny_"))
     atexit.register(shutil.rmtree, out, ignore_errors=True)  # also when the process ends without a cleanup

@@ -10,7 +10,7 @@ import torch
 
 from oxygen_ros.engine import Pi05Model
 from oxygen_ros.engine.config import GemmaConfig, Pi05Config, VisionConfig
-from oxygen_ros.tools.make_tokenizer import make_test_tokenizer
+from oxygen_ros.engine.small_tokenizer import make_test_tokenizer
 from oxygen_ros.world.render import COLORS
 from oxygen_ros.world.tabletop import CAMERAS, JOINT_NAMES
 
