@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from conftest import make_model, make_observation
 
+from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.heads import make_extra_heads
 from oxygen_ros.engine.lora import LoraAdapter, random_lora_weights
@@ -165,6 +167,20 @@ def test_full_pool_policy(model, policy) -> None:
         assert all(f.dropped for r in results for f in r.finished)
 
 
+def test_drop_oldest_with_more_new_requests_than_the_pool(model) -> None:
+    """A frame bringing more requests than the pool holds: the frame's own requests are dropped in turn, the
+    survivors keep the prefix (same tokens as decoding them alone) and nothing raises (N=1 requests too)."""
+    cfg = model.config
+    for n in (1, 6):
+        fl = frames(cfg, [[LanguageRequest(max_new_tokens=n) for _ in range(4)], []])
+        eng, results, _ = run(model, "oxygen", fl, k=8, max_inflight=2, overflow="drop_oldest", max_new_tokens=8)
+        kept = [f for r in results for f in r.finished if not f.dropped]
+        assert len(kept) == 2 and results[0].dropped == 2, n
+        alone = model.generate(fl[0].observation, n, eos_id=NO_EOS)[0]
+        assert all(f.tokens == alone for f in kept), (n, [f.tokens for f in kept], alone)
+        assert eng.backlog == 0 and eng.slots.num_free == eng.slots.num_slots, n
+
+
 def test_oversized_request_is_rejected_not_fatal(model) -> None:
     fl = frames(model.config, [[LanguageRequest(max_new_tokens=999)], [LanguageRequest(max_new_tokens=3)]])
     eng, results, _ = run(model, "oxygen", fl, k=3, max_new_tokens=8)
@@ -225,6 +241,31 @@ def test_auto_budget_fits_the_deadline() -> None:
         BudgetController("auto")
     with pytest.raises(ValueError):
         BudgetController(0)
+
+
+def test_every_mode_is_deterministic_and_leaves_its_config_alone(model) -> None:
+    wl = [[LanguageRequest("memory", 5), LanguageRequest("narration", 3, [17])]] * 3 + [[]] * 3
+    fl = frames(model.config, wl, seed=20)
+
+    def summary(results):
+        return [(r.actions[0].tolist(), [(f.request_id, f.tokens, f.frames, f.dropped) for f in r.finished],
+                 r.batch_sizes, r.tokens_generated, r.inflight, r.rejected, r.dropped) for r in results]
+
+    for mode in ENGINE_MODES:
+        ec = EngineConfig(mode=mode, k=2, max_inflight=2, overflow="drop_oldest", eos_id=NO_EOS, max_new_tokens=8)
+        before = dataclasses.asdict(ec)
+        runs = []
+        for _ in range(2):
+            eng = build_engine(model, ec)
+            results = [eng.step(fr) for fr in fl]
+            getattr(eng, "close", lambda: None)()
+            assert eng.config.mode == mode and dataclasses.asdict(ec) == before, mode
+            assert eng.totals == {"rejected": sum(r.rejected for r in results),
+                                  "dropped": sum(r.dropped for r in results),
+                                  "finished": sum(len(r.finished) for r in results),
+                                  "tokens": sum(r.tokens_generated for r in results)}, mode
+            runs.append(summary(results))
+        assert runs[0] == runs[1], mode
 
 
 def test_workloads_are_deterministic() -> None:

@@ -3,9 +3,14 @@
 from .config import MODEL_CONFIGS, WORKLOAD_PRESETS, GemmaConfig, Pi05Config, VisionConfig, get_config
 from .kv_cache import KVCache
 from .model import Pi05Model, Prefix
+from .modes import ENGINE_MODES, NODE_MODES, OVERFLOW_POLICIES, EngineConfig
 from .observation import Observation
 
 __all__ = [
+    "ENGINE_MODES",
+    "NODE_MODES",
+    "OVERFLOW_POLICIES",
+    "EngineConfig",
     "MODEL_CONFIGS",
     "WORKLOAD_PRESETS",
     "GemmaConfig",

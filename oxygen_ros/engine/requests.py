@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,3 +69,7 @@ class FrameResult:
     dropped: int = 0  # in-flight requests evicted this frame (pool full, drop_oldest)
     decode_steps: int = 0  # batched decode forwards this frame
     stamp: Any = None
+
+
+# ``on_actions(frame_index, chunks)``: called with a frame's action chunks (one per head) before its language work.
+ActionCallback = Callable[[int, list[torch.Tensor]], None]

@@ -1,40 +1,25 @@
-"""Request bookkeeping for cross-frame continuous batching: slots, admission, the per-frame budget k.
+"""Request scheduling for cross-frame continuous batching: admission, eviction, the decode batch, the budget k.
 
 Nothing here touches K/V tensors: a request owns one slot of the preallocated ``KVCache`` from admission to
-eviction, and the model writes into that slot in place.
+eviction, the model runner writes into that slot in place, and the scheduler only says which slots decode when.
 """
 
 from __future__ import annotations
 
-import heapq
 import math
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .requests import FinishedRequest, LanguageRequest
+from .modes import OVERFLOW_POLICIES, UNBOUNDED, EngineConfig
+from .requests import FinishedRequest, FrameResult, LanguageRequest
+from .slots import SlotAllocator
 
-OVERFLOW_POLICIES = ("reject_newest", "drop_oldest")
+if TYPE_CHECKING:
+    from .model import Prefix
 
-
-class SlotAllocator:
-    """Free list of cache slots; always hands out the lowest free slot so live slots stay packed."""
-
-    def __init__(self, num_slots: int) -> None:
-        self.num_slots = num_slots
-        self._free = list(range(num_slots))
-        heapq.heapify(self._free)
-
-    def alloc(self) -> int:
-        if not self._free:
-            raise RuntimeError("KV pool exhausted (admission control should prevent this)")
-        return heapq.heappop(self._free)
-
-    def free(self, slot: int) -> None:
-        heapq.heappush(self._free, slot)
-
-    @property
-    def num_free(self) -> int:
-        return len(self._free)
+__all__ = ["OVERFLOW_POLICIES", "BudgetController", "DecodeBatch", "RequestState", "Scheduler", "SlotAllocator"]
 
 
 @dataclass
@@ -58,18 +43,22 @@ class RequestState:
 
     @property
     def next_token(self) -> int:
+        """The token its next decode step feeds: the next prompt token, then its last generated one."""
         prompt = self.request.prompt_tokens
         return prompt[self.fed] if self.fed < len(prompt) else self.tokens[-1]
 
     @property
     def done(self) -> bool:
+        """Ended at EOS or reached its ``max_new_tokens``."""
         return self.eos or len(self.tokens) >= self.request.max_new_tokens
 
     def emit(self, token: int, eos_id: int) -> None:
+        """Record a generated token."""
         self.tokens.append(token)
         self.eos = token == eos_id
 
     def finish(self, now: float, dropped: bool = False) -> FinishedRequest:
+        """Its result, with the latency from its frame's start to ``now``."""
         return FinishedRequest(self.request_id, self.request.task, self.frame_index, self.stamp, list(self.tokens),
                                self.eos, now - self.start_time, self.frames, dropped)
 
@@ -94,13 +83,16 @@ class BudgetController:
 
     @property
     def auto(self) -> bool:
+        """Whether k adapts to the deadline."""
         return self.k == "auto"
 
     def observe(self, batch: int, seconds: float) -> None:
+        """Record the measured time of one decode forward over ``batch`` rows."""
         old = self._cost.get(batch)
         self._cost[batch] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
 
     def step_cost(self, batch: int) -> float | None:
+        """Estimated seconds of one decode forward over ``batch`` rows (None before any measurement)."""
         if batch in self._cost:
             return self._cost[batch]
         larger = [b for b in self._cost if b >= batch]
@@ -120,3 +112,151 @@ class BudgetController:
             return self.k_min  # first frame: measure
         fit = math.floor(max(self.deadline_s - elapsed_s, 0.0) * self.safety / cost)
         return max(self.k_min, min(fit, self.k_max, max(backlog_steps, self.k_min)))
+
+
+@dataclass
+class DecodeBatch:
+    """One batched decode forward over the contiguous cache slots ``[lo, lo + len(rows))``."""
+
+    lo: int
+    rows: list[RequestState | None]  # per slot: its live request (None: a free slot, run as a dummy row)
+    active: list[RequestState]  # the requests this forward advances; other live rows idle
+
+    @property
+    def slots(self) -> slice:
+        """The cache slots of the batch."""
+        return slice(self.lo, self.lo + len(self.rows))
+
+
+class Scheduler:
+    """Admission, eviction and decode selection for one engine's language requests.
+
+    It holds the slot pool and every in-flight :class:`RequestState`. ``batched`` (oxygen): a request owns its slot
+    from admission to eviction and decodes at most ``k`` steps a frame; otherwise the frame owns its one slot and each
+    request decodes on it to completion.
+    """
+
+    def __init__(self, config: EngineConfig, num_slots: int, batched: bool) -> None:
+        self.config = config
+        self.batched = batched
+        self.slots = SlotAllocator(num_slots)
+        self.budget = BudgetController(config.k, config.deadline_s) if batched else BudgetController(UNBOUNDED)
+        self.inflight: list[RequestState] = []
+        self.next_request_id = 0
+        self._frame: tuple[int, Any, float] = (0, None, 0.0)  # index, stamp, start time of the current frame
+
+    # ------------------------------------------------------------------------------------------ frames and slots
+    def begin_frame(self, index: int, stamp: Any, start_time: float) -> None:
+        """A new frame: every in-flight request spans one more frame and gets a fresh per-frame budget."""
+        self._frame = (index, stamp, start_time)
+        for r in self.inflight:
+            r.frames += 1
+            r.frame_steps = 0
+
+    def alloc(self) -> int:
+        """A slot for the frame's prefill."""
+        return self.slots.alloc()
+
+    def release(self, slot: int) -> None:
+        """Return a frame's slot that no request took over."""
+        self.slots.free(slot)
+
+    # ------------------------------------------------------------------------------------------ admission
+    def fits(self, req: LanguageRequest) -> bool:
+        """Whether the pool is sized for the request (longer ones are rejected, not fatal)."""
+        ec = self.config
+        return 1 <= req.max_new_tokens <= ec.max_new_tokens and len(req.prompt_tokens) <= ec.max_prompt_tokens
+
+    def admit(self, requests: list[LanguageRequest], prefix: Prefix, slot: int, first_token: Callable[[], int],
+              result: FrameResult) -> list[tuple[int, int]]:
+        """Turn new requests into in-flight states that start from ``prefix`` in ``slot``.
+
+        The first request takes ``slot`` itself (no copy); each further one gets a slot of its own and the returned
+        ``(src, dst)`` prefix copies say what the model runner must copy. A full pool rejects the newest request or
+        drops the oldest in flight (``config.overflow``). ``first_token()`` is the prefix's greedy next token, the
+        first output of a request without prompt tokens. Batched: ``slot`` is released if no request took it.
+        """
+        ec = self.config
+        admitted: list[RequestState] = []
+        copies: list[tuple[int, int]] = []
+        index, stamp, start = self._frame
+        slot_owned = slot_freed = False  # `slot` holds the prefix; the engine allocated it for this frame
+        for req in requests:
+            if not self.fits(req):
+                result.rejected += 1
+                continue
+            if len(self.inflight) >= ec.max_inflight:
+                if ec.overflow == "reject_newest":
+                    result.rejected += 1
+                    continue
+                victim = self.inflight[0]
+                self.evict(victim, result, dropped=True)
+                if victim in admitted:  # a request of this very frame: it no longer holds its slot
+                    admitted.remove(victim)
+                    if victim.slot == slot:
+                        slot_owned, slot_freed = False, self.batched
+            if not slot_owned and not slot_freed:
+                s = slot
+            else:  # the prefix stays in `slot` until this frame's copies are made, even if `slot` was freed
+                s = self.slots.alloc()
+                if s != slot:
+                    copies.append((slot, s))
+            slot_owned |= s == slot
+            st = RequestState(self.next_request_id, req, s, index, stamp, prefix.length, int(prefix.num_valid[0]),
+                              start)
+            self.next_request_id += 1
+            if not req.prompt_tokens:  # the first token comes straight from the prefix
+                st.emit(first_token(), ec.eos_id)
+                st.steps = st.frame_steps = 1
+                result.tokens_generated += 1
+            admitted.append(st)
+            self.inflight.append(st)
+        if self.batched and not slot_owned and not slot_freed:
+            self.slots.free(slot)
+        for st in [s for s in admitted if s.done]:
+            self.evict(st, result)
+        return copies
+
+    def evict(self, st: RequestState, result: FrameResult, dropped: bool = False) -> None:
+        """Finish ``st`` (completed, or ``dropped`` by the overflow policy) and free its slot if it owns one."""
+        self.inflight.remove(st)
+        if self.batched:
+            self.slots.free(st.slot)
+        result.finished.append(st.finish(time.perf_counter(), dropped))
+        result.dropped += int(dropped)
+
+    # ------------------------------------------------------------------------------------------ decoding
+    def frame_budget(self) -> int:
+        """Decode steps each in-flight request may advance this frame (``k``, or what ``auto`` fits)."""
+        reqs = self.inflight
+        backlog = max((r.request.total_steps - r.steps for r in reqs), default=0)
+        return self.budget.budget(time.perf_counter() - self._frame[2], len(reqs), backlog)
+
+    def schedule(self, k: int) -> DecodeBatch | None:
+        """The next decode forward: every unfinished request with budget left, over the slot range they span
+        (live rows in between idle, free slots are dummy rows); None when nothing is left to decode this frame."""
+        active = [r for r in self.inflight if not r.done and r.frame_steps < k]
+        if not active:
+            return None
+        by_slot = {r.slot: r for r in self.inflight}
+        lo = min(r.slot for r in active)
+        hi = max(r.slot for r in active) + 1
+        return DecodeBatch(lo, [by_slot.get(s) for s in range(lo, hi)], active)
+
+    def observe(self, batch: DecodeBatch, seconds: float) -> None:
+        """Feed the measured time of a decode forward to the budget controller."""
+        self.budget.observe(len(batch.rows), seconds)
+
+    def postprocess(self, batch: DecodeBatch, next_tokens: list[int], result: FrameResult) -> None:
+        """Advance the batch's active requests by the forward's greedy tokens; evict those that finished."""
+        result.batch_sizes.append(len(batch.active))
+        result.decode_steps += 1
+        for r in batch.active:
+            r.fed += 1
+            r.steps += 1
+            r.frame_steps += 1
+            if r.fed >= len(r.request.prompt_tokens):
+                r.emit(next_tokens[r.slot - batch.lo], self.config.eos_id)
+                result.tokens_generated += 1
+            if r.done:
+                self.evict(r, result)

@@ -1,0 +1,110 @@
+"""The baselines OxyGen is compared against, built from the same engine.
+
+``shared_kv`` and ``isolated`` are configurations of the one frame pipeline (``MODE_SPECS`` in ``modes.py``): no
+cross-frame batching, each request decoded to completion on the frame's slot, from the action prefix or from a
+second prefill. ``parallel`` (MPS-style) composes two such engines, each on its own model copy, and runs a frame's
+action work and language work concurrently.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Protocol
+
+from torch import nn
+
+from .lora import LoraAdapter
+from .model import Pi05Model
+from .modes import EngineConfig, ModeSpec
+from .requests import ActionCallback, Frame, FrameResult
+from .scheduler import RequestState
+
+# Each parallel worker runs the isolated pipeline: one slot, its own prefill, requests to completion.
+WORKER_SPEC = ModeSpec(batched=False, reprefill=True)
+
+
+class Worker(Protocol):
+    """What ``ParallelEngine`` needs of its two workers (``Engine`` provides it)."""
+
+    frame_index: int
+
+    @property
+    def backlog(self) -> int: ...
+
+    @property
+    def inflight(self) -> list[RequestState]: ...
+
+    def memory_bytes(self) -> int: ...
+
+    def step(self, frame: Frame, on_actions: ActionCallback | None = None) -> FrameResult: ...
+
+    def step_language(self, frame: Frame) -> FrameResult: ...
+
+
+class ParallelEngine:
+    """The MPS-style baseline: an action worker and a language worker, each an engine with its own model copy, run
+    every frame concurrently; the frame ends when the slower one does. ``Engine``'s public API (``step``, ``config``,
+    ``frame_index``, ``backlog``, ``inflight``, ``totals``, ``memory_bytes``) plus ``close``."""
+
+    def __init__(self, action_worker: Worker, language_worker: Worker, config: EngineConfig) -> None:
+        self.config = config
+        self.action_worker = action_worker
+        self.language_worker = language_worker
+        self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0}
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="language-worker")
+
+    @classmethod
+    def build(cls, make_engine: Callable[..., Worker], model: Pi05Model, config: EngineConfig,
+              heads: nn.ModuleList | None = None, adapter: LoraAdapter | None = None,
+              adapter_tasks: set[str] | None = None, detokenize: Callable[[list[int]], str] | None = None,
+              ) -> ParallelEngine:
+        """Both workers from ``make_engine`` (the ``Engine`` class): actions on ``model`` with every head, language
+        on a deep copy of it."""
+        actions = make_engine(model, config, heads, adapter, adapter_tasks, detokenize, spec=WORKER_SPEC)
+        language = make_engine(copy.deepcopy(model), config, adapter=adapter, adapter_tasks=adapter_tasks,
+                               detokenize=detokenize, spec=WORKER_SPEC)
+        return cls(actions, language, config)
+
+    @property
+    def frame_index(self) -> int:
+        """Frames run so far."""
+        return self.action_worker.frame_index
+
+    @property
+    def backlog(self) -> int:
+        """Unfinished language requests (none between frames: every request runs to completion)."""
+        return self.action_worker.backlog + self.language_worker.backlog
+
+    @property
+    def inflight(self) -> list[RequestState]:
+        """Unfinished language requests, as ``Engine.inflight`` (empty between frames)."""
+        return self.action_worker.inflight + self.language_worker.inflight
+
+    def memory_bytes(self) -> int:
+        """Parameters + KV pools of both workers."""
+        return self.action_worker.memory_bytes() + self.language_worker.memory_bytes()
+
+    def step(self, frame: Frame, on_actions: ActionCallback | None = None) -> FrameResult:
+        """The frame's language requests go to the language worker while the action worker prefills and denoises;
+        the result merges both (actions from one, language and its timings from the other)."""
+        t0 = time.perf_counter()
+        language = self._pool.submit(self.language_worker.step_language, frame)
+        result = self.action_worker.step(Frame(frame.observation, [], frame.noise, frame.stamp), on_actions)
+        lr = language.result()
+        result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
+        result.batch_sizes, result.decode_steps, result.rejected = lr.batch_sizes, lr.decode_steps, lr.rejected
+        for stage in ("language_prefill", "decode"):
+            result.timings[stage] = lr.timings.get(stage, 0.0)
+        result.timings["frame"] = time.perf_counter() - t0
+        self.totals["rejected"] += result.rejected
+        self.totals["dropped"] += result.dropped
+        self.totals["finished"] += len(result.finished)
+        self.totals["tokens"] += result.tokens_generated
+        return result
+
+    def close(self) -> None:
+        """Stop the language worker's thread."""
+        self._pool.shutdown(wait=True)

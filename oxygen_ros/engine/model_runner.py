@@ -1,0 +1,126 @@
+"""The model runner: every model call of the engine, and the tensors a batched decode forward needs.
+
+It owns the KV pool, the action heads and the optional LoRA adapter. The scheduler decides which slots decode; the
+runner turns that :class:`~.scheduler.DecodeBatch` into per-row tokens, positions and write indices, the attention
+length and the adapter's row mask, and runs ``Pi05Model.decode_step`` over the slot range in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from .kv_cache import KVCache
+from .lora import LoraAdapter
+from .model import Pi05Model, Prefix
+from .modes import EngineConfig
+from .observation import Observation
+from .scheduler import DecodeBatch
+
+
+@dataclass
+class DecodeInputs:
+    """The inputs of one ``decode_step`` over cache slots ``rows``."""
+
+    rows: slice
+    tokens: torch.Tensor  # [B]
+    positions: torch.Tensor  # [B] RoPE position of each row's token
+    write_index: torch.Tensor  # [B] cache index each row writes its K/V at
+    attn_len: int  # rows attend to their valid positions in [0, attn_len)
+    lora: LoraAdapter | None  # the adapter (its row_mask set) if any active row uses it
+
+
+class ModelRunner:
+    """Runs the model for one engine: prefill, denoise (every action head), first tokens and batched decode."""
+
+    def __init__(self, model: Pi05Model, config: EngineConfig, num_slots: int, heads: nn.ModuleList | None = None,
+                 adapter: LoraAdapter | None = None, adapter_tasks: set[str] | None = None) -> None:
+        self.model = model
+        self.num_steps = config.num_steps
+        self.heads = [model.head_parts()] + [h.parts() for h in (heads or [])]
+        self.adapter = adapter
+        self.adapter_tasks = adapter_tasks if adapter_tasks is not None else {"memory"}
+        cfg = model.config
+        longest = max(max(h.horizon for h in self.heads), config.max_prompt_tokens + config.max_new_tokens)
+        self.cache = KVCache(cfg, num_slots, cfg.max_prefix_len + longest, dtype=model.dtype, device=model.device)
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return self.model.device
+
+    def memory_bytes(self) -> int:
+        """Parameters + KV pool."""
+        params = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        return params + self.cache.nbytes
+
+    # ------------------------------------------------------------------------------------------ prefix and actions
+    def prepare(self, obs: Observation) -> Observation:
+        """Check a frame's batch-of-one observation against the model and move it to the model's device/dtype."""
+        cfg = self.model.config
+        if obs.batch_size != 1:
+            raise ValueError(f"the engine runs one observation per frame, got a batch of {obs.batch_size}")
+        obs.validate(cfg.num_cameras, cfg.vision.image_size)
+        if obs.tokens.shape[1] > cfg.max_token_len:
+            raise ValueError(f"prompt of {obs.tokens.shape[1]} tokens exceeds max_token_len={cfg.max_token_len}")
+        return obs.to(self.model.device, self.model.dtype)
+
+    def prefill(self, obs: Observation, slot: int) -> Prefix:
+        """Prefill the observation into cache slot ``slot``."""
+        return self.model.prefill(obs, self.cache, slice(slot, slot + 1))
+
+    def denoise(self, prefix: Prefix, noise: torch.Tensor | list[torch.Tensor] | tuple | None) -> list[torch.Tensor]:
+        """One [H, A] chunk per action head, each denoised from ``prefix`` (read-only); ``noise`` is one tensor for
+        every head or one per head."""
+        noises = noise if isinstance(noise, list | tuple) else [noise] * len(self.heads)
+        return [self.model.denoise(prefix, self.cache, n, self.num_steps, head)[0]
+                for head, n in zip(self.heads, noises, strict=True)]
+
+    def first_token(self, prefix: Prefix) -> int:
+        """The greedy token after the prefix (a request without prompt tokens starts with it)."""
+        return int(self.model.lm_logits(prefix.last_hidden[:1]).argmax(-1)[0])
+
+    def copy_prefix(self, src: int, dst: int, length: int) -> None:
+        """Copy the ``length``-token prefix of slot ``src`` into slot ``dst``."""
+        c = self.cache
+        c.k[:, dst, :, :length] = c.k[:, src, :, :length]
+        c.v[:, dst, :, :length] = c.v[:, src, :, :length]
+        c.valid[dst] = False
+        c.valid[dst, :length] = c.valid[src, :length]
+
+    def forget_appended(self, slot: int, prefix_len: int) -> None:
+        """Forget the tokens a finished request appended to ``slot`` after its prefix (the prefix stays)."""
+        self.cache.valid[slot, prefix_len:] = False
+
+    # ------------------------------------------------------------------------------------------ decode
+    def prepare_decode(self, batch: DecodeBatch) -> DecodeInputs:
+        """Per-row inputs of one batched decode forward.
+
+        Free slots are dummy rows writing at index 0 of an unused slot; idle live rows write at their next position,
+        which their next real step overwrites.
+        """
+        n = len(batch.rows)
+        tokens, positions, writes, adapted = [0] * n, [0] * n, [0] * n, [0.0] * n
+        active = {r.slot for r in batch.active}
+        for i, r in enumerate(batch.rows):
+            if r is None:
+                continue
+            positions[i] = r.num_valid + r.fed
+            writes[i] = r.prefix_len + r.fed
+            if r.slot in active:
+                tokens[i] = r.next_token
+                adapted[i] = float(r.request.task in self.adapter_tasks)
+        inputs = torch.tensor([tokens, positions, writes], device=self.device)
+        lora = None
+        if self.adapter is not None and any(adapted):
+            lora = self.adapter
+            lora.row_mask = torch.tensor(adapted, dtype=self.model.dtype, device=self.device)[:, None, None]
+        return DecodeInputs(batch.slots, inputs[0], inputs[1], inputs[2], max(writes) + 1, lora)
+
+    def run_decode(self, inputs: DecodeInputs) -> list[int]:
+        """One batched decode forward, in place in the cache; the greedy next token of every row."""
+        logits = self.model.decode_step(self.cache, inputs.rows, inputs.tokens, inputs.positions, inputs.write_index,
+                                        inputs.attn_len, inputs.lora)
+        return logits.argmax(-1).tolist()

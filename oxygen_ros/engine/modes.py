@@ -1,0 +1,71 @@
+"""The engine's modes, overflow policies and scheduling config: one definition of each.
+
+Every mode runs the same frame pipeline (prefill -> denoise -> on_actions -> admit -> decode); a :class:`ModeSpec`
+says how its language requests are served:
+
+  mode        language prefix                        decoding per frame
+  oxygen      the action prefill's slot (no copy)    every in-flight request, batched, at most k steps each
+  shared_kv   the action prefill's slot (no copy)    each new request to completion, alone (ablation)
+  isolated    a second prefill of the observation    each new request to completion, alone (openpi style)
+  parallel    a second prefill on a 2nd model copy   to completion, concurrently with the action worker
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ModeSpec:
+    """How a mode serves language requests.
+
+    batched:    requests stay in flight across frames, each in a slot of its own, and decode together under the
+                per-frame budget ``k``; otherwise each request decodes to completion, alone, on the frame's slot.
+    reprefill:  the language prefix is a second prefill of the observation (not the action prefill's slot).
+    concurrent: language runs on a second model copy, concurrently with the actions (see ``baselines.py``).
+    """
+
+    batched: bool
+    reprefill: bool = False
+    concurrent: bool = False
+
+
+MODE_SPECS: dict[str, ModeSpec] = {
+    "oxygen": ModeSpec(batched=True),
+    "shared_kv": ModeSpec(batched=False),
+    "isolated": ModeSpec(batched=False, reprefill=True),
+    "parallel": ModeSpec(batched=False, reprefill=True, concurrent=True),
+}
+ENGINE_MODES: tuple[str, ...] = tuple(MODE_SPECS)
+NODE_MODES: tuple[str, ...] = ("oxygen", "isolated", "shared_kv")  # the ROS node runs one model copy
+OVERFLOW_POLICIES: tuple[str, ...] = ("reject_newest", "drop_oldest")
+UNBOUNDED = 1 << 30  # decode budget of the modes that run each request to completion
+
+
+@dataclass
+class EngineConfig:
+    """How the engine schedules work. ``k`` is the per-frame decode budget (oxygen only) or ``"auto"``."""
+
+    mode: str = "oxygen"
+    num_steps: int = 10  # S: flow-matching denoise steps
+    k: int | str = 5
+    deadline_s: float | None = None  # frame deadline for k="auto" (e.g. the control period)
+    max_inflight: int = 32  # bound on unfinished language requests (KV pool = max_inflight + 1 slots)
+    overflow: str = "reject_newest"  # or "drop_oldest"
+    max_new_tokens: int = 64  # longest request the pool is sized for
+    max_prompt_tokens: int = 16
+    eos_id: int = 1
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` on an unknown mode or overflow policy or a non-positive size."""
+        if self.mode not in ENGINE_MODES:
+            raise ValueError(f"mode must be one of {ENGINE_MODES}, got {self.mode!r}")
+        if self.overflow not in OVERFLOW_POLICIES:
+            raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
+        if self.num_steps < 1 or self.max_inflight < 1 or self.max_new_tokens < 1:
+            raise ValueError("num_steps, max_inflight and max_new_tokens must be >= 1")
+
+    @property
+    def spec(self) -> ModeSpec:
+        """The :class:`ModeSpec` of ``mode``."""
+        return MODE_SPECS[self.mode]
