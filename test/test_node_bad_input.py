@@ -37,12 +37,12 @@ from oxygen_ros.engine.tokenizer import PromptTokenizer  # noqa: E402
 from oxygen_ros.policy import Policy, load_policy  # noqa: E402
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
 from oxygen_ros.ros.diagnostics import NodeStats, ReasonCounter  # noqa: E402
-from oxygen_ros.ros.harness import NodeProcess, Probe  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
 from oxygen_ros.ros.node import OxygenNode  # noqa: E402
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
 from oxygen_ros.ros.publishers import make_trajectory  # noqa: E402
+from oxygen_ros.testing import NodeProcess, Probe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
@@ -371,6 +371,31 @@ def test_real_layouts_configure_and_publish_n_action_steps(context, real_layouts
         assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
         assert node._runner.n_execute == 4 and node.params.camera_names == ("base_0_rgb", "left_wrist_0_rgb")
         assert node.params.num_steps == 10
+    finally:
+        node.destroy_node()
+
+
+def test_processing_lives_from_activate_to_deactivate(context) -> None:
+    """Subscriptions, inputs, inference thread and timer exist only while active; the model stays configured."""
+    node = make_node(context, camera_names=list(CAMS), max_image_age_s=1e9)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        assert node._runner is not None and node._store is None and not node._input_subs
+        topics = {t for t, _ in node.get_topic_names_and_types()}
+        assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
+        assert len(node._input_subs) == len(CAMS) + 2 and node._worker.is_alive()
+        feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
+        node._on_tick()
+        assert node.stats.frames == 1
+        assert node.trigger_deactivate() == TransitionCallbackReturn.SUCCESS
+        assert node._store is None and not node._input_subs and node._control_timer is None
+        node._on_tick()  # nothing to run while inactive
+        assert node.stats.frames == 1 and node._loaded is not None
+        assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS  # fresh inputs, same model
+        feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
+        node._on_tick()
+        assert node.stats.frames == 2
+        assert "/oxygen/action_chunk" in topics | {t for t, _ in node.get_topic_names_and_types()}
     finally:
         node.destroy_node()
 

@@ -13,10 +13,9 @@ from torch import nn
 
 from oxygen_ros.engine import Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
+from oxygen_ros.engine.config import DTYPES
 from oxygen_ros.engine.cpu_kernels import use_onednn
 from oxygen_ros.engine.heads import make_extra_heads
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:

@@ -5,8 +5,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import torch
+
 CAMERA_SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 TIME_SCHEDULES = ("accumulate", "exact")
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.engine.config import CAMERA_SLOTS
+from oxygen_ros.engine.config import CAMERA_SLOTS, DTYPES
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.requests import Frame, LanguageRequest
@@ -26,7 +26,6 @@ from .params import NodeParams
 
 __all__ = ["LoadedPolicy", "build_runner", "engine_config", "load_node_policy", "resolve_device", "warm_up"]
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @dataclass
@@ -53,8 +52,8 @@ def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
     Raises:
         ValueError: an unknown dtype, or a CUDA/MPS device that is not available.
     """
-    if dtype != "auto" and dtype not in _DTYPES:
-        raise ValueError(f"dtype must be auto or one of {sorted(_DTYPES)}, got {dtype!r}")
+    if dtype != "auto" and dtype not in DTYPES:
+        raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -67,7 +66,7 @@ def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
         raise ValueError("device: mps requested but not available")
     if dtype == "auto":
         return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, _DTYPES[dtype]
+    return dev, DTYPES[dtype]
 
 
 def _generate_random_tiny(p: NodeParams) -> Path:

@@ -69,16 +69,16 @@ class OxygenNode(LifecycleNode):
     """pi0.5 VLA inference with a unified KV cache as a ROS 2 lifecycle node (see the module docstring).
 
     ``on_configure`` validates the parameters, loads the checkpoint with its I/O contract (policy layer), checks
-    the parameters against it, builds the frame runner and runs a warm-up frame; ``on_activate`` starts the
-    control timer and enables the publishers; ``on_deactivate`` stops the timer; ``on_cleanup`` releases the
-    model. With ``autostart`` (default) the node configures and activates itself once an executor spins it.
+    the parameters against it, builds the frame runner, runs a warm-up frame and creates the publishers;
+    ``on_activate`` creates the inputs, subscriptions, inference thread and control timer; ``on_deactivate``
+    destroys them (the model stays loaded); ``on_cleanup`` releases the model. With ``autostart`` (default) the
+    node configures and activates itself once an executor spins it.
     """
 
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
         super().__init__(node_name, **kwargs)
         for spec in PARAMS:
-            default = list(spec.default) if isinstance(spec.default, list) else spec.default
-            self.declare_parameter(spec.name, default, ParameterDescriptor(
+            self.declare_parameter(spec.name, spec.ros_default, ParameterDescriptor(
                 description=spec.description, additional_constraints=f"type: {spec.type_name}",
                 dynamic_typing=True))  # types are checked at configure, with clear errors
         log = self.get_logger()
@@ -109,6 +109,7 @@ class OxygenNode(LifecycleNode):
         self._action_pub = self._language_pub = self._trajectory_pub = None
         self._control_timer = None
         self._worker: threading.Thread | None = None
+        self._last_instruction = ""
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -152,27 +153,33 @@ class OxygenNode(LifecycleNode):
         for note in loaded.notes:
             self.get_logger().info(note)
         self.params = p = loaded.params
-        self._store = InputStore(p.camera_names, p.joint_names, self.stats.rejected_inputs, p.max_image_pixels,
-                                 p.max_instruction_chars, p.instruction)
-        self._builder = ObservationBuilder(self._store, loaded.policy, p.max_image_age_s)
         self._runner = build_runner(loaded)
         warm = warm_up(loaded)
         if warm > p.period_s:
             self.get_logger().warning(f"warm-up frame took {warm * 1e3:.0f} ms, longer than the control period "
                                       f"{p.period_s * 1e3:.0f} ms: expect deadline misses")
-        self._create_io(p)
+        self._action_pub = self.create_lifecycle_publisher(ActionChunk, ACTION_TOPIC, 10)
+        self._language_pub = self.create_lifecycle_publisher(LanguageOutput, LANGUAGE_TOPIC, 50)
+        if p.publish_trajectory:
+            self._trajectory_pub = self.create_lifecycle_publisher(JointTrajectory, TRAJECTORY_TOPIC, 10)
 
-    def _create_io(self, p: NodeParams) -> None:
+    def _start_processing(self, p: NodeParams) -> None:
+        """Inputs, subscriptions, the inference thread and the control timer (created on activate, as yolo_ros
+        and ros2/demos lifecycle_py do: an inactive node neither receives nor decodes anything)."""
+        # the instruction is task state, not a stream: it survives a deactivate / activate cycle
+        instruction = self._last_instruction or p.instruction
+        self._store = store = InputStore(p.camera_names, p.joint_names, self.stats.rejected_inputs,
+                                         p.max_image_pixels, p.max_instruction_chars, instruction)
+        self._builder = ObservationBuilder(store, self._loaded.policy, p.max_image_age_s)
         reliability = ReliabilityPolicy.BEST_EFFORT if p.camera_reliability == "best_effort" \
             else ReliabilityPolicy.RELIABLE
         camera_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=reliability,
                                 durability=DurabilityPolicy.VOLATILE)
-        store = self._store
         for i in range(len(p.camera_names)):
             kind, handler = (CompressedImage, store.on_compressed) if p.compressed(i) else (Image, store.on_image)
             cb = self._safe(lambda msg, i=i, handler=handler: handler(i, msg), "camera_callback")
             self._input_subs.append(self.create_subscription(kind, p.camera_topic(i), cb, camera_qos,
-                                                                 callback_group=self._input_group))
+                                                             callback_group=self._input_group))
         joint_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches any publisher
         instruction_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self._input_subs.append(self.create_subscription(
@@ -181,31 +188,54 @@ class OxygenNode(LifecycleNode):
         self._input_subs.append(self.create_subscription(
             String, "instruction", self._safe(store.on_instruction, "instruction_callback"), instruction_qos,
             callback_group=self._input_group))
-        self._action_pub = self.create_lifecycle_publisher(ActionChunk, ACTION_TOPIC, 10)
-        self._language_pub = self.create_lifecycle_publisher(LanguageOutput, LANGUAGE_TOPIC, 50)
-        if p.publish_trajectory:
-            self._trajectory_pub = self.create_lifecycle_publisher(JointTrajectory, TRAJECTORY_TOPIC, 10)
-        # node clock: follows /clock with use_sim_time; started by on_activate, cancelled by on_deactivate. The timer
-        # only wakes the inference thread: a callback that ran the whole frame would keep rclpy's multi-threaded
-        # executor busy-polling the still-ready timer, starving inference of the GIL (measured: 7x slower frames).
+        # node clock: follows /clock with use_sim_time. The timer only wakes the inference thread: a callback that
+        # ran the whole frame would keep rclpy's multi-threaded executor busy-polling the still-ready timer,
+        # starving inference of the GIL (measured: 7x slower frames).
         self._tick = threading.Event()
         self._worker_stop = threading.Event()
         self._worker = threading.Thread(target=self._inference_loop, name="oxygen-inference", daemon=True)
         self._worker.start()
         self._control_timer = self.create_timer(p.period_s, self._tick.set, self._control_group)
-        self._control_timer.cancel()
+
+    def _stop_processing(self) -> None:
+        """Stop the timer and the inference thread (after its running frame), destroy the subscriptions and drop
+        the inputs; in-flight language requests are dropped with them (a fresh engine serves the next activation)."""
+        if self._control_timer is not None:
+            self._control_timer.cancel()
+        worker = self._worker
+        if worker is not None:
+            self._worker_stop.set()
+            self._tick.set()
+            if worker is not threading.current_thread():
+                worker.join(timeout=60.0)
+        with self._engine_lock:
+            if self._control_timer is not None:
+                self.destroy_timer(self._control_timer)
+            for sub in self._input_subs:
+                self.destroy_subscription(sub)
+            self._input_subs, self._control_timer, self._worker = [], None, None
+            if self._store is not None:
+                self._last_instruction = self._store.snapshot()[3] or ""
+            self._store = self._builder = None
+            if self._runner is not None and self._runner.backlog:
+                self._runner.reset()
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._control_timer.reset()
+        try:
+            self._start_processing(self.params)
+        except Exception as e:
+            self.get_logger().error(f"activate failed: {e}")
+            self._stop_processing()
+            return FAILURE
         self._state = "active"
         self.get_logger().info(f"active: {self.params.control_rate_hz:g} Hz control, publishing "
                                f"{self.resolve_topic_name(ACTION_TOPIC)}")
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._control_timer.cancel()
+        self._stop_processing()
         self._state = "inactive"
-        self.get_logger().info("deactivated")
+        self.get_logger().info("deactivated: subscriptions and timer destroyed, model kept")
         return super().on_deactivate(state)
 
     def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
@@ -224,24 +254,14 @@ class OxygenNode(LifecycleNode):
         return SUCCESS
 
     def _release(self) -> None:
-        """Stop the timer and the inference thread (after its running frame), then drop timer, subscriptions,
-        publishers, engine and model."""
-        if self._control_timer is not None:
-            self._control_timer.cancel()
-        worker = self._worker
-        if worker is not None:
-            self._worker_stop.set()
-            self._tick.set()
-            if worker is not threading.current_thread():
-                worker.join(timeout=60.0)
+        """Stop processing, then drop publishers, runner, engine and model."""
+        self._stop_processing()
         with self._engine_lock:
-            if self._control_timer is not None:
-                self.destroy_timer(self._control_timer)
-            for sub in self._input_subs:
-                self.destroy_subscription(sub)
             for pub in (self._action_pub, self._language_pub, self._trajectory_pub):
                 if pub is not None:
                     self.destroy_lifecycle_publisher(pub)
+            if self._runner is not None:
+                self._runner.close()
             if self._loaded is not None:
                 self._loaded.release()
             self._reset_runtime()

@@ -1,9 +1,11 @@
-"""The node's parameters: one table of names, types, defaults and descriptions, and their validation.
+"""The node's parameters, each declared once: a field of :class:`NodeParams` with its type, default, help and
+simple validation (``param(..., choices=, minimum=, positive=)``); :data:`PARAMS` (what the node declares, the
+README table) and :func:`validate` are derived from those fields. Cross-parameter rules live in :func:`validate`.
 
 Parameters are declared with ``dynamic_typing`` so a wrongly typed override (``control_rate_hz: 10`` instead of
 ``10.0``, a string for a number) never stops the node from starting; :func:`validate` checks every value at
 configure time and reports all problems at once, each naming the parameter. Nothing here needs a running ROS
-graph: :func:`validate` takes a plain mapping.
+graph: :func:`validate` takes a plain mapping (a YAML file's ``ros__parameters``, say).
 """
 
 from __future__ import annotations
@@ -15,14 +17,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oxygen_ros.engine.scheduler import OVERFLOW_POLICIES
+from oxygen_ros.engine.modes import NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
-
-NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
 
 __all__ = [
     "DEFAULT_CAMERA_TOPIC",
-    "ENGINE_MODES",
+    "NORMALIZATIONS",
     "PARAMS",
     "NodeParams",
     "ParamError",
@@ -31,13 +31,15 @@ __all__ = [
     "validate",
 ]
 
-ENGINE_MODES = ("oxygen", "isolated", "shared_kv")
+NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
 EMBEDDED_MODELS = ("toy", "random_tiny")
 RELIABILITIES = ("best_effort", "reliable")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 REQUEST_TASKS = (*LANGUAGE_TEMPLATES, CUSTOM_TASK)
 DEFAULT_CAMERA_TOPIC = "/cameras/{name}/image_raw"
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+_KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": "str[]",
+          "tuple[bool, ...]": "bool[]"}
 
 
 class ParamError(ValueError):
@@ -48,6 +50,13 @@ class ParamError(ValueError):
         super().__init__("invalid parameters:\n  - " + "\n  - ".join(self.problems))
 
 
+def param(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
+          positive: bool = False) -> Any:
+    """A :class:`NodeParams` field: default, help text and the checks :func:`validate` applies to it alone."""
+    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
+                                            "positive": positive})
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One declared parameter. ``kind`` is bool, int, float, str, 'str[]' or 'bool[]'."""
@@ -56,130 +65,113 @@ class ParamSpec:
     kind: Any
     default: Any
     description: str
+    choices: tuple[str, ...] | None = None
+    minimum: float | None = None
+    positive: bool = False
 
     @property
     def type_name(self) -> str:
         return self.kind if isinstance(self.kind, str) else self.kind.__name__
 
-
-PARAMS: tuple[ParamSpec, ...] = (
-    # --- lifecycle and model
-    ParamSpec("autostart", bool, True, "Configure and activate on startup (plain runs); false: wait for lifecycle "
-              "transitions."),
-    ParamSpec("model", str, "", "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on "
-              "the tabletop world, see oxygen_ros.ros.sim_node); or 'random_tiny': generate a tiny random pi0.5 and "
-              "tokenizer into a temporary directory (demos, tests)."),
-    ParamSpec("checkpoint_path", str, "", "Checkpoint directory as LeRobot (config.json + policy_*processor.json) "
-              "or openpi (model.safetensors + assets/<asset_id>/) save it, or this package's layout."),
-    ParamSpec("tokenizer_path", str, "", "SentencePiece model file or directory; '' = the checkpoint's own (ours), "
-              "its recorded tokenizer name (LeRobot), required for openpi."),
-    ParamSpec("asset_id", str, "", "openpi: which assets/<asset_id>/norm_stats.json; '' = the only one present."),
-    ParamSpec("openpi_config", str, "", "openpi: the train config whose data transforms apply (pi05_libero | "
-              "pi05_droid | pi05_aloha | generic); '' = known from the asset id, else generic."),
-    ParamSpec("norm_stats_path", str, "", "openpi / ours: an openpi-format norm_stats.json to use instead of the "
-              "checkpoint's (not for LeRobot checkpoints, whose processor files are read)."),
-    ParamSpec("normalization", str, "auto", "auto (the checkpoint's normalisation) | none (run unnormalised on "
-              "purpose) | quantile | mean_std (override, openpi / ours only)."),
-    ParamSpec("device", str, "auto", "auto (cuda if available) | cpu | cuda | cuda:N | mps."),
-    ParamSpec("dtype", str, "auto", "auto (bfloat16 on cuda, float32 otherwise) | float32 | bfloat16 | float16."),
-    ParamSpec("torch_threads", int, 0, "torch CPU threads; 0 keeps torch's default."),
-    ParamSpec("seed", int, 0, "torch seed for the flow-matching noise (reproducible runs)."),
-    # --- engine
-    ParamSpec("mode", str, "oxygen", "Engine: oxygen (shared prefill + cross-frame batched decoding) | shared_kv "
-              "(shared prefill, decode to completion) | isolated (openpi-style second prefill)."),
-    ParamSpec("num_steps", int, 0, "S: flow-matching denoise steps per action chunk; 0 = the checkpoint's (LeRobot "
-              "num_inference_steps, else 10)."),
-    ParamSpec("action_horizon", int, 0, "H: the checkpoint decides the chunk length; 0 accepts it, any other value "
-              "must equal it (a check, never an override)."),
-    ParamSpec("actions_per_chunk", int, 0, "Actions of each chunk to publish for execution (LeRobot's "
-              "n_action_steps); 0 = the checkpoint's n_action_steps (openpi / ours: the whole chunk)."),
-    ParamSpec("max_new_tokens", int, 30, "N: tokens generated per language request."),
-    ParamSpec("k", int, 5, "Per-frame decode budget (tokens per request per frame, oxygen mode)."),
-    ParamSpec("k_auto", bool, False, "Pick k every frame so the frame fits the control period (deadline = "
-              "1 / control_rate_hz)."),
-    ParamSpec("request_every_n_frames", int, 1, "Start a language request every n-th processed frame; 0 disables "
-              "language."),
-    ParamSpec("request_task", str, "memory", "Language task: memory | narration | subtask | custom."),
-    ParamSpec("request_prompt", str, "", "Prompt template fed after the shared prefix ({instruction} is replaced); "
-              "'' uses the task's built-in prompt (required for custom)."),
-    ParamSpec("max_prompt_tokens", int, 16, "Longest request prompt in tokens (longer prompts are cut)."),
-    ParamSpec("max_inflight", int, 32, "Bound on unfinished language requests (KV slots)."),
-    ParamSpec("overflow", str, "reject_newest", "When max_inflight is reached: reject_newest | drop_oldest."),
-    # --- inputs
-    ParamSpec("camera_names", "str[]", [], "Model camera slots fed by camera_topics (e.g. base_0_rgb, "
-              "left_wrist_0_rgb); [] = all slots of the model. Slots not listed are masked out."),
-    ParamSpec("camera_topics", "str[]", [], "One image topic per camera_names entry; [] = "
-              "/cameras/<name>/image_raw (+ /compressed for compressed cameras)."),
-    ParamSpec("camera_compressed", "bool[]", [], "Per camera: subscribe sensor_msgs/CompressedImage instead of "
-              "Image; [] = all raw."),
-    ParamSpec("camera_reliability", str, "best_effort", "Camera QoS reliability: best_effort (sensor data) | "
-              "reliable. History is KEEP_LAST depth 1."),
-    ParamSpec("max_image_age_s", float, 0.5, "Skip the frame when a camera's newest image is older than this, or "
-              "stamped this far in the future (node clock)."),
-    ParamSpec("max_image_pixels", int, 4096 * 4096, "Reject images with more pixels than this."),
-    ParamSpec("joint_names", "str[]", [], "Joints read from /joint_states, in model state order (required)."),
-    ParamSpec("action_names", "str[]", [], "Names of the robot's action dimensions (ActionChunk.joint_names, "
-              "JointTrajectory joints); [] = joint_names. Its length is the published action dim."),
-    ParamSpec("delta_action_mask", "bool[]", [], "Per action dim: true = the model predicts a delta added to the "
-              "state; [] = the checkpoint's rule (LeRobot relative actions, openpi's data config). Only for "
-              "checkpoints that define none."),
-    ParamSpec("instruction", str, "", "Instruction used until one arrives on /instruction ('' = wait)."),
-    ParamSpec("max_instruction_chars", int, 1000, "Longer instructions are truncated (counted, warned)."),
-    # --- timing and outputs
-    ParamSpec("control_rate_hz", float, 10.0, "Control frames per second (one engine step per frame)."),
-    ParamSpec("action_rate_hz", float, 0.0, "Rate the robot executes chunk actions at (ActionChunk.dt = "
-              "1 / rate); 0 = action_horizon * control_rate_hz."),
-    ParamSpec("publish_trajectory", bool, False, "Also publish each chunk as trajectory_msgs/JointTrajectory on "
-              "~/trajectory (remap to /<controller>/joint_trajectory)."),
-)
-
-_SPECS = {p.name: p for p in PARAMS}
+    @property
+    def ros_default(self) -> Any:
+        """The default as ROS declares it (lists, not tuples)."""
+        return list(self.default) if isinstance(self.default, tuple) else self.default
 
 
 @dataclass(frozen=True)
 class NodeParams:
-    """Validated parameter values (names as in :data:`PARAMS`)."""
+    """Validated parameter values. Each field is one node parameter (see :func:`param`)."""
 
-    autostart: bool = True
-    model: str = ""
-    checkpoint_path: str = ""
-    tokenizer_path: str = ""
-    norm_stats_path: str = ""
-    asset_id: str = ""
-    openpi_config: str = ""
-    normalization: str = "auto"
-    device: str = "auto"
-    dtype: str = "auto"
-    torch_threads: int = 0
-    seed: int = 0
-    mode: str = "oxygen"
-    num_steps: int = 0
-    action_horizon: int = 0
-    actions_per_chunk: int = 0
-    max_new_tokens: int = 30
-    k: int = 5
-    k_auto: bool = False
-    request_every_n_frames: int = 1
-    request_task: str = "memory"
-    request_prompt: str = ""
-    max_prompt_tokens: int = 16
-    max_inflight: int = 32
-    overflow: str = "reject_newest"
-    camera_names: tuple[str, ...] = ()
-    camera_topics: tuple[str, ...] = ()
-    camera_compressed: tuple[bool, ...] = ()
-    camera_reliability: str = "best_effort"
-    max_image_age_s: float = 0.5
-    max_image_pixels: int = 4096 * 4096
-    joint_names: tuple[str, ...] = ()
-    action_names: tuple[str, ...] = ()
-    delta_action_mask: tuple[bool, ...] = ()
-    instruction: str = ""
-    max_instruction_chars: int = 1000
-    control_rate_hz: float = 10.0
-    action_rate_hz: float = 0.0
-    publish_trajectory: bool = False
-    extra: dict = field(default_factory=dict, compare=False)
+    # --- lifecycle and model
+    autostart: bool = param(True,
+        'Configure and activate on startup (plain runs); false: wait for lifecycle transitions.')
+    model: str = param('',
+        "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on the tabletop world,"
+        " see oxygen_ros.sim); or 'random_tiny': generate a tiny random pi0.5 and tokenizer into a "
+        'temporary directory (demos, tests).')
+    checkpoint_path: str = param('',
+        'Checkpoint directory as LeRobot (config.json + policy_*processor.json) or openpi (model.safetensors '
+        "+ assets/<asset_id>/) save it, or this package's layout.")
+    tokenizer_path: str = param('',
+        "SentencePiece model file or directory; '' = the checkpoint's own (ours), its recorded tokenizer name"
+        ' (LeRobot), required for openpi.')
+    asset_id: str = param('', "openpi: which assets/<asset_id>/norm_stats.json; '' = the only one present.")
+    openpi_config: str = param('',
+        'openpi: the train config whose data transforms apply (pi05_libero | pi05_droid | pi05_aloha | '
+        "generic); '' = known from the asset id, else generic.")
+    norm_stats_path: str = param('',
+        "openpi / ours: an openpi-format norm_stats.json to use instead of the checkpoint's (not for LeRobot "
+        'checkpoints, whose processor files are read).')
+    normalization: str = param('auto',
+        "auto (the checkpoint's normalisation) | none (run unnormalised on purpose) | quantile | mean_std "
+        '(override, openpi / ours only).', choices=NORMALIZATIONS)
+    device: str = param('auto', 'auto (cuda if available) | cpu | cuda | cuda:N | mps.')
+    dtype: str = param('auto',
+        'auto (bfloat16 on cuda, float32 otherwise) | float32 | bfloat16 | float16.', choices=DTYPES)
+    torch_threads: int = param(0, "torch CPU threads; 0 keeps torch's default.", minimum=0)
+    seed: int = param(0, 'torch seed for the flow-matching noise (reproducible runs).', minimum=0)
+    # --- engine
+    mode: str = param('oxygen',
+        'Engine: oxygen (shared prefill + cross-frame batched decoding) | shared_kv (shared prefill, decode '
+        'to completion) | isolated (openpi-style second prefill).', choices=NODE_MODES)
+    num_steps: int = param(0,
+        "S: flow-matching denoise steps per action chunk; 0 = the checkpoint's (LeRobot num_inference_steps, "
+        'else 10).', minimum=0)
+    action_horizon: int = param(0,
+        'H: the checkpoint decides the chunk length; 0 accepts it, any other value must equal it (a check, '
+        'never an override).', minimum=0)
+    actions_per_chunk: int = param(0,
+        "Actions of each chunk to publish for execution (LeRobot's n_action_steps); 0 = the checkpoint's "
+        'n_action_steps (openpi / ours: the whole chunk).', minimum=0)
+    max_new_tokens: int = param(30, 'N: tokens generated per language request.', minimum=1)
+    k: int = param(5, 'Per-frame decode budget (tokens per request per frame, oxygen mode).', minimum=1)
+    k_auto: bool = param(False,
+        'Pick k every frame so the frame fits the control period (deadline = 1 / control_rate_hz).')
+    request_every_n_frames: int = param(1,
+        'Start a language request every n-th processed frame; 0 disables language.', minimum=0)
+    request_task: str = param('memory', 'Language task: memory | narration | subtask | custom.', choices=REQUEST_TASKS)
+    request_prompt: str = param('',
+        "Prompt template fed after the shared prefix ({instruction} is replaced); '' uses the task's built-in"
+        ' prompt (required for custom).')
+    max_prompt_tokens: int = param(16, 'Longest request prompt in tokens (longer prompts are cut).', minimum=1)
+    max_inflight: int = param(32, 'Bound on unfinished language requests (KV slots).', minimum=1)
+    overflow: str = param('reject_newest',
+        'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
+    # --- inputs
+    camera_names: tuple[str, ...] = param((),
+        'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb); [] = all slots of the '
+        'model. Slots not listed are masked out.')
+    camera_topics: tuple[str, ...] = param((),
+        'One image topic per camera_names entry; [] = /cameras/<name>/image_raw (+ /compressed for compressed'
+        ' cameras).')
+    camera_compressed: tuple[bool, ...] = param((),
+        'Per camera: subscribe sensor_msgs/CompressedImage instead of Image; [] = all raw.')
+    camera_reliability: str = param('best_effort',
+        'Camera QoS reliability: best_effort (sensor data) | reliable. History is KEEP_LAST depth 1.',
+        choices=RELIABILITIES)
+    max_image_age_s: float = param(0.5,
+        "Skip the frame when a camera's newest image is older than this, or stamped this far in the future "
+        '(node clock).', positive=True)
+    max_image_pixels: int = param(4096 * 4096, 'Reject images with more pixels than this.', minimum=1)
+    joint_names: tuple[str, ...] = param((), 'Joints read from /joint_states, in model state order (required).')
+    action_names: tuple[str, ...] = param((),
+        "Names of the robot's action dimensions (ActionChunk.joint_names, JointTrajectory joints); [] = "
+        'joint_names. Its length is the published action dim.')
+    delta_action_mask: tuple[bool, ...] = param((),
+        "Per action dim: true = the model predicts a delta added to the state; [] = the checkpoint's rule "
+        "(LeRobot relative actions, openpi's data config). Only for checkpoints that define none.")
+    instruction: str = param('', "Instruction used until one arrives on /instruction ('' = wait).")
+    max_instruction_chars: int = param(1000, 'Longer instructions are truncated (counted, warned).', minimum=1)
+    # --- timing and outputs
+    control_rate_hz: float = param(10.0, 'Control frames per second (one engine step per frame).', positive=True)
+    action_rate_hz: float = param(0.0,
+        'Rate the robot executes chunk actions at (ActionChunk.dt = 1 / rate); 0 = action_horizon * '
+        'control_rate_hz.', minimum=0.0)
+    publish_trajectory: bool = param(False,
+        'Also publish each chunk as trajectory_msgs/JointTrajectory on ~/trajectory (remap to '
+        '/<controller>/joint_trajectory).')
+    extra: dict = field(default_factory=dict, compare=False)  # overrides that are not parameters
 
     @property
     def period_s(self) -> float:
@@ -206,9 +198,12 @@ class NodeParams:
         """Whether camera ``index`` is subscribed as CompressedImage."""
         return bool(self.camera_compressed[index]) if self.camera_compressed else False
 
-    def with_cameras(self, names: Iterable[str]) -> NodeParams:
-        """A copy with ``camera_names`` filled in (from the model's slots)."""
-        return dataclasses.replace(self, camera_names=tuple(names))
+
+PARAMS: tuple[ParamSpec, ...] = tuple(
+    ParamSpec(f.name, _KINDS[str(f.type)], f.default, f.metadata["help"], f.metadata["choices"],
+              f.metadata["minimum"], f.metadata["positive"])
+    for f in dataclasses.fields(NodeParams) if f.name != "extra")
+_SPECS = {p.name: p for p in PARAMS}
 
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
@@ -240,10 +235,15 @@ def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
     return None, f"{spec.name}: expected a list of {what}, {got}"
 
 
-def _choice(problems: list[str], name: str, value: str, choices: Iterable[str]) -> None:
-    choices = tuple(choices)
-    if value not in choices:
-        problems.append(f"{name}: must be one of {', '.join(choices)}; got {value!r}")
+def _field_problem(spec: ParamSpec, value: Any) -> str | None:
+    """The one-field checks declared with :func:`param`."""
+    if spec.choices is not None and value not in spec.choices:
+        return f"{spec.name}: must be one of {', '.join(spec.choices)}; got {value!r}"
+    if spec.minimum is not None and value < spec.minimum:
+        return f"{spec.name}: must be >= {spec.minimum}; got {value}"
+    if spec.positive and not value > 0:
+        return f"{spec.name}: must be > 0; got {value}"
+    return None
 
 
 def _template_problem(template: str) -> str | None:
@@ -255,29 +255,9 @@ def _template_problem(template: str) -> str | None:
     return f"request_prompt: unknown placeholder(s) {unknown}; only {{instruction}} is supported" if unknown else None
 
 
-def validate(values: Mapping[str, Any]) -> NodeParams:
-    """Type-check and cross-check parameter values (missing names take their defaults).
-
-    Raises:
-        ParamError: listing every problem, each starting with the parameter's name.
-    """
+def _cross_problems(p: Mapping[str, Any]) -> list[str]:
+    """Rules that involve several parameters."""
     problems: list[str] = []
-    out: dict[str, Any] = {}
-    for spec in PARAMS:
-        raw = values.get(spec.name, spec.default)
-        value, problem = _coerce(spec, raw)
-        if problem:
-            problems.append(problem)
-            value = _coerce(spec, spec.default)[0]
-        out[spec.name] = value
-    p = out
-
-    _choice(problems, "mode", p["mode"], ENGINE_MODES)
-    _choice(problems, "overflow", p["overflow"], OVERFLOW_POLICIES)
-    _choice(problems, "camera_reliability", p["camera_reliability"], RELIABILITIES)
-    _choice(problems, "normalization", p["normalization"], NORMALIZATIONS)
-    _choice(problems, "dtype", p["dtype"], DTYPES)
-    _choice(problems, "request_task", p["request_task"], REQUEST_TASKS)
     if not _DEVICE_RE.match(p["device"]):
         problems.append(f"device: expected auto, cpu, mps, cuda or cuda:N; got {p['device']!r}")
     if p["model"] and p["model"] not in EMBEDDED_MODELS:
@@ -285,24 +265,10 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
                         f"got {p['model']!r}")
     if not p["model"] and not p["checkpoint_path"]:
         problems.append("checkpoint_path: required (or set model:=toy for the embedded tabletop model)")
-
-    for name, low in (("num_steps", 0), ("actions_per_chunk", 0), ("max_new_tokens", 1), ("k", 1),
-                      ("max_prompt_tokens", 1), ("max_inflight", 1), ("max_instruction_chars", 1),
-                      ("max_image_pixels", 1), ("action_horizon", 0), ("request_every_n_frames", 0),
-                      ("torch_threads", 0), ("seed", 0)):
-        if p[name] < low:
-            problems.append(f"{name}: must be >= {low}; got {p[name]}")
-    for name in ("control_rate_hz", "max_image_age_s"):
-        if not p[name] > 0:
-            problems.append(f"{name}: must be > 0; got {p[name]}")
-    if not p["action_rate_hz"] >= 0:
-        problems.append(f"action_rate_hz: must be >= 0 (0 = horizon * control rate); got {p['action_rate_hz']}")
-
     if p["request_task"] == CUSTOM_TASK and not p["request_prompt"]:
         problems.append("request_prompt: required when request_task is custom")
     if p["request_prompt"] and (problem := _template_problem(p["request_prompt"])):
         problems.append(problem)
-
     cams = p["camera_names"]
     if len(set(cams)) != len(cams):
         problems.append(f"camera_names: duplicates in {list(cams)}")
@@ -315,7 +281,6 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
         problems.append(f"camera_compressed: {len(p['camera_compressed'])} flags for {len(cams)} camera_names")
     if any(not t for t in p["camera_topics"]):
         problems.append("camera_topics: empty topic name")
-
     if not p["joint_names"]:
         problems.append("joint_names: required (the joints read from /joint_states, in model state order)")
     for name in ("joint_names", "action_names"):
@@ -327,11 +292,30 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     deltas = [i for i, d in enumerate(p["delta_action_mask"]) if d]
     if deltas and max(deltas) >= len(p["joint_names"]):
         problems.append("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
+    return problems
 
+
+def validate(values: Mapping[str, Any]) -> NodeParams:
+    """Type-check and cross-check parameter values (missing names take their defaults).
+
+    Raises:
+        ParamError: listing every problem, each starting with the parameter's name.
+    """
+    problems: list[str] = []
+    out: dict[str, Any] = {}
+    for spec in PARAMS:
+        value, problem = _coerce(spec, values.get(spec.name, spec.default))
+        if problem is None:
+            problem = _field_problem(spec, value)
+        if problem:
+            problems.append(problem)
+            value = spec.default
+        out[spec.name] = value
+    problems += _cross_problems(out)
     if problems:
         raise ParamError(problems)
     extra = {k: v for k, v in values.items() if k not in _SPECS}
-    return NodeParams(**p, extra=extra)
+    return NodeParams(**out, extra=extra)
 
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:
@@ -339,7 +323,8 @@ def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:
     rows = ["| name | type | default | description |", "|---|---|---|---|"]
     for s in specs:
         default = repr(s.default) if isinstance(s.default, str) else str(s.default).lower() \
-            if isinstance(s.default, bool) else str(s.default)
+            if isinstance(s.default, bool) else str(list(s.default)) if isinstance(s.default, tuple) \
+            else str(s.default)
         description = s.description.replace("|", "\\|")  # a bare | would split the table cell
         rows.append(f"| `{s.name}` | {s.type_name} | `{default}` | {description} |")
     return "\n".join(rows)

@@ -1,0 +1,46 @@
+"""The layering cannot erode silently: import-linter's contracts (pyproject.toml, [tool.importlinter]) hold for the
+package, and break when a forbidden import is added."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LINT = Path(sys.executable).with_name("lint-imports")
+pytestmark = pytest.mark.skipif(not LINT.exists(), reason="import-linter is not installed (make setup installs it)")
+
+
+def lint(root: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([str(LINT), "--config", str(root / "pyproject.toml"), "--no-cache"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_layers_hold() -> None:
+    result = lint(REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 broken" in result.stdout
+
+
+@pytest.mark.parametrize("module, line, contract", [
+    ("engine/_probe.py", "import oxygen_ros.policy\n", "engine imports nothing else of the package"),
+    ("policy/_probe.py", "from oxygen_ros.ros import params\n", "policy imports only the engine"),
+    ("world/_probe.py", "import oxygen_ros.engine\n", "the world is plain numpy"),
+    ("bench/_probe.py", "import oxygen_ros.tools.profile\n", "nothing imports tools/"),
+    ("engine/_probe.py", "import oxygen_ros.bench\n", "no import cycles between sibling modules"),
+])
+def test_a_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
+    root = tmp_path / "repo"
+    shutil.copytree(REPO / "oxygen_ros", root / "oxygen_ros", ignore=shutil.ignore_patterns("__pycache__", "*.pyc",
+                                                                                          "*.safetensors"))
+    shutil.copy(REPO / "pyproject.toml", root / "pyproject.toml")
+    (root / "oxygen_ros" / module).write_text(f'"""A deliberately bad import."""\n\n{line}')
+    result = lint(root)
+    assert result.returncode != 0
+    assert contract in result.stdout and "BROKEN" in result.stdout, result.stdout[-3000:]
