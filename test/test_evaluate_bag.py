@@ -1,4 +1,5 @@
-"""Offline bag evaluation: deterministic outputs, report contents, plots, output bag, skipped frames."""
+"""Offline bag evaluation: deterministic outputs, report contents, plots, output bag, skipped frames, and the
+node parameters it takes (params files, ``-p`` overrides, validation)."""
 
 from __future__ import annotations
 
@@ -15,12 +16,24 @@ pytest.importorskip("sensor_msgs.msg", reason="the ROS 2 message wheels are not 
 
 from rosbags.highlevel import AnyReader  # noqa: E402
 
+from oxygen_ros.evaluation import cli, typestore  # noqa: E402
+from oxygen_ros.evaluation.demo_bag import make_demo_bag  # noqa: E402
+from oxygen_ros.evaluation.outputs import ACTION_TOPIC, LANGUAGE_TOPIC  # noqa: E402
+from oxygen_ros.evaluation.plots import PLOT_FILES  # noqa: E402
+from oxygen_ros.evaluation.report import REPORT_KEYS  # noqa: E402
+from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
+from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE  # noqa: E402
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
-from oxygen_ros.tools import evaluate_bag as ev  # noqa: E402
-from oxygen_ros.tools.make_demo_bag import make_demo_bag  # noqa: E402
+from oxygen_ros.ros.params import NodeParams, ParamError  # noqa: E402
 
-# a few ms per frame on the tiny model; its generated checkpoint has no statistics, so unnormalised on purpose
-FAST = {"num_steps": 2, "max_new_tokens": 5, "k": 2, "progress": False, "normalization": "none"}
+# node parameters: a few ms per frame on the tiny model; its generated checkpoint has no statistics, so
+# unnormalised on purpose
+FAST = {"num_steps": 2, "max_new_tokens": 5, "k": 2, "normalization": "none"}
+
+
+def params(data: dict[str, Path], **overrides: object) -> dict[str, object]:
+    """The node parameters of the fast runs on the test checkpoint, with ``overrides``."""
+    return {"checkpoint_path": str(data["ckpt"]), **FAST, **overrides}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -45,15 +58,15 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def read_outputs(out_bag: Path) -> tuple[list[tuple], list[tuple]]:
     """(stamp_ns, frame_index, actions) per chunk and (stamp_ns, request_id, frame_index, text) per language
     output, read back from an output bag."""
-    ts, _ = ev.oxygen_typestore()
+    ts, _ = typestore.oxygen_typestore()
     chunks, texts = [], []
     with AnyReader([out_bag], default_typestore=ts) as reader:
-        assert {c.topic: c.msgtype for c in reader.connections} == {ev.ACTION_TOPIC: ev.ACTION_TYPE,
-                                                                    ev.LANGUAGE_TOPIC: ev.LANGUAGE_TYPE}
+        assert {c.topic: c.msgtype for c in reader.connections} == {ACTION_TOPIC: ACTION_TYPE,
+                                                                    LANGUAGE_TOPIC: LANGUAGE_TYPE}
         for conn, timestamp, raw in reader.messages():
             msg = reader.deserialize(raw, conn.msgtype)
             stamp = msg.header.stamp.sec * 1_000_000_000 + msg.header.stamp.nanosec
-            if conn.topic == ev.ACTION_TOPIC:
+            if conn.topic == ACTION_TOPIC:
                 assert timestamp == stamp  # logged at the tick; demo bags stamp cameras at the tick times
                 actions = np.asarray(msg.actions, dtype=np.float32).reshape(msg.horizon, msg.action_dim)
                 chunks.append((stamp, msg.frame_index, actions))
@@ -65,14 +78,18 @@ def read_outputs(out_bag: Path) -> tuple[list[tuple], list[tuple]]:
 
 def test_deterministic_report_plots_and_bag(data: dict[str, Path]) -> None:
     out1, out2 = data["root"] / "run1", data["root"] / "run2"
-    r1 = ev.evaluate_bag(data["bag"], data["ckpt"], out1, **FAST)
-    # the second run goes through the CLI
-    assert ev.main([str(data["bag"]), "--checkpoint", str(data["ckpt"]), "--out", str(out2), "--num-steps", "2",
-                    "--max-new-tokens", "5", "--k", "2", "--no-progress", "--no-plots", "--normalization", "none"]) == 0
+    r1 = evaluate_bag(data["bag"], out1, params(data), progress=False)
+    # the second run goes through the CLI: a ROS 2 params file (the node's section overrides /**) and -p
+    params_file = data["root"] / "eval_params.yaml"
+    params_file.write_text(f"/**:\n  ros__parameters:\n    checkpoint_path: {data['ckpt']}\n    num_steps: 9\n"
+                           "    normalization: none\noxygen:\n  ros__parameters:\n    num_steps: 2\n"
+                           "other_node:\n  ros__parameters:\n    k: 7\n")
+    assert cli.main([str(data["bag"]), "--params-file", str(params_file), "-p", "max_new_tokens:=5", "-p", "k:=2",
+                     "--out", str(out2), "--no-progress", "--no-plots"]) == 0
     r2 = json.loads((out2 / "report.json").read_text())
 
     assert json.loads((out1 / "report.json").read_text())["digest"] == r1["digest"]
-    assert set(ev.REPORT_KEYS) <= set(r1)
+    assert tuple(r1) == REPORT_KEYS
     assert r1["ticks"] == r1["frames"] == len(r1["per_frame"]) == 20 and r1["skipped"] == 0
     assert r1["digest"]["num_chunks"] == 20 and r1["digest"]["num_texts"] > 0
     assert r1["digest"] == r2["digest"]
@@ -86,9 +103,11 @@ def test_deterministic_report_plots_and_bag(data: dict[str, Path]) -> None:
     assert req["latency_frames"]["count"] == req["finished"] and req["latency_s"]["max"] > 0
     assert set(r1["per_frame"][0]["timings_ms"]) >= {"prefill", "denoise", "decode", "manager", "frame"}
 
-    for name in ev.PLOT_FILES:
+    assert r2["config"]["params"] == r1["config"]["params"]
+    assert (r1["config"]["rate_hz"], r1["config"]["num_steps"], r1["config"]["k"]) == (10.0, 2, 2)
+    for name in PLOT_FILES:
         assert (out1 / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert r1["outputs"]["plots"] == list(ev.PLOT_FILES) and not r2["outputs"]["plots"]
+    assert r1["outputs"]["plots"] == list(PLOT_FILES) and not r2["outputs"]["plots"]
 
     chunks1, texts1 = read_outputs(out1 / "out_bag")
     chunks2, texts2 = read_outputs(out2 / "out_bag")
@@ -102,38 +121,39 @@ def test_deterministic_report_plots_and_bag(data: dict[str, Path]) -> None:
     assert all(frame_stamps[frame] == stamp for stamp, _, frame, _ in texts1)
 
     with pytest.raises(FileExistsError):
-        ev.evaluate_bag(data["bag"], data["ckpt"], out1, **FAST)
+        evaluate_bag(data["bag"], out1, params(data), progress=False)
 
 
 def test_missing_camera_topic_skips_every_frame(data: dict[str, Path]) -> None:
     bag = make_demo_bag(data["root"] / "one_cam", duration_s=1.0, rate_hz=10.0, cameras=("base_0_rgb",), size=40,
                         progress=False)
     out = data["root"] / "one_cam_eval"
-    r = ev.evaluate_bag(bag, data["ckpt"], out, **FAST)
+    r = evaluate_bag(bag, out, params(data), progress=False)
     assert r["ticks"] == r["skipped"] == 10 and r["frames"] == 0
     assert r["skip_reasons"] == {"missing_camera": 10}
     assert all("left_wrist_0_rgb" in s["detail"] and s["tick_ns"] for s in r["skipped_frames"])
     assert r["summary"]["action_hz"] is None and r["digest"]["num_chunks"] == 0
-    assert all((out / name).is_file() for name in ev.PLOT_FILES)  # placeholders, no crash
+    assert all((out / name).is_file() for name in PLOT_FILES)  # placeholders, no crash
     assert read_outputs(out / "out_bag") == ([], [])
 
-    # feeding only the camera that exists masks the other slot and runs every frame
-    r = ev.evaluate_bag(bag, data["ckpt"], data["root"] / "one_cam_masked", camera_names=["base_0_rgb"],
-                        plots=False, **FAST)
+    # feeding only the camera that exists masks the other slot and runs every frame (validated NodeParams work too)
+    p = NodeParams(checkpoint_path=str(data["ckpt"]), camera_names=("base_0_rgb",), **FAST)
+    r = evaluate_bag(bag, data["root"] / "one_cam_masked", p, plots=False, progress=False)
     assert r["frames"] == 10 and r["skipped"] == 0
 
 
 def test_stale_camera_and_compressed_mcap(data: dict[str, Path]) -> None:
     # 20 Hz ticks over 10 Hz images: every other tick sees a 50 ms old image
-    r = ev.evaluate_bag(data["bag"], data["ckpt"], data["root"] / "stale", rate_hz=20.0, max_image_age_s=0.04,
-                        max_frames=8, plots=False, **FAST)
+    r = evaluate_bag(data["bag"], data["root"] / "stale", params(data, control_rate_hz=20.0, max_image_age_s=0.04),
+                     max_frames=8, plots=False, progress=False)
     assert r["ticks"] == 8 and r["frames"] == 4
     assert r["skip_reasons"] == {"stale_camera": 4}
     assert [s["tick"] for s in r["skipped_frames"]] == [1, 3, 5, 7]
 
     bag = make_demo_bag(data["root"] / "jpeg_mcap", duration_s=0.5, rate_hz=10.0, size=40, storage="mcap",
                         compressed=True, progress=False)
-    r = ev.evaluate_bag(bag, data["ckpt"], data["root"] / "jpeg_eval", request_every=2, plots=False, **FAST)
+    r = evaluate_bag(bag, data["root"] / "jpeg_eval", params(data, request_every_n_frames=2), plots=False,
+                     progress=False)
     assert r["frames"] == 5 and r["inputs"]["storage"] == "mcap" and r["requests"]["issued"] == 3
     assert all(t.endswith("/compressed") for t in r["config"]["camera_topics"].values())
     assert any((data["root"] / "jpeg_eval" / "out_bag").glob("*.mcap"))
@@ -146,10 +166,11 @@ def test_norm_stats_unnormalise_actions(data: dict[str, Path]) -> None:
     stats = data["root"] / "norm_stats.json"
     stats.write_text(json.dumps({"norm_stats": {"actions": {"mean": [0] * 8, "std": [1] * 8, "q01": lo.tolist(),
                                                              "q99": hi.tolist()}}}))
-    raw = ev.evaluate_bag(data["bag"], data["ckpt"], data["root"] / "raw", max_frames=3, plots=False,
-                          action_names=[f"a{i}" for i in range(6)], **FAST)
-    unnorm = ev.evaluate_bag(data["bag"], data["ckpt"], data["root"] / "unnorm", max_frames=3, plots=False,
-                             norm_stats=stats, **{**FAST, "normalization": "auto"})
+    raw = evaluate_bag(data["bag"], data["root"] / "raw", params(data, action_names=[f"a{i}" for i in range(6)]),
+                       max_frames=3, plots=False, progress=False)
+    unnorm = evaluate_bag(data["bag"], data["root"] / "unnorm",
+                          params(data, norm_stats_path=str(stats), normalization="auto"), max_frames=3, plots=False,
+                          progress=False)
     assert unnorm["config"]["norm_stats"] == str(stats) and unnorm["config"]["normalization"] == "quantiles"
     assert raw["config"]["action_names"] == [f"a{i}" for i in range(6)]
     chunks_raw, _ = read_outputs(data["root"] / "raw" / "out_bag")
@@ -163,9 +184,7 @@ def test_bad_messages_are_counted_and_ignored(data: dict[str, Path]) -> None:
     """A corrupt image keeps the previous one (not stale yet); a NaN state skips the frame; nothing crashes."""
     from rosbags.rosbag2 import Writer
 
-    from oxygen_ros.tools.make_demo_bag import get_ros2_typestore
-
-    ts = get_ros2_typestore()
+    ts = typestore.get_ros2_typestore()
     T = ts.types
     Header, Time = T["std_msgs/msg/Header"], T["builtin_interfaces/msg/Time"]
     Image, JointState, String = T["sensor_msgs/msg/Image"], T["sensor_msgs/msg/JointState"], T["std_msgs/msg/String"]
@@ -189,10 +208,10 @@ def test_bad_messages_are_counted_and_ignored(data: dict[str, Path]) -> None:
                 img = Image(header=header, height=30, width=30, encoding="rgb8", is_bigendian=0, step=90,
                             data=np.full(30 * 30 * 3 - (5 if bad else 0), 7 * i, dtype=np.uint8))
                 w.write(conns[cam], stamp_ns, ts.serialize_cdr(img, Image.__msgtype__))
-    r = ev.evaluate_bag(bag, data["ckpt"], data["root"] / "bad_inputs_eval", plots=False, **FAST)
+    r = evaluate_bag(bag, data["root"] / "bad_inputs_eval", params(data), plots=False, progress=False)
     assert r["rejected_inputs"] == {"image_bad_data": 2, "state_not_finite": 1}
     assert r["frames"] == 3 and r["skip_reasons"] == {"invalid_state": 1}
-    assert r["config"]["joint_names"] == [f"j{k}" for k in range(8)]
+    assert r["config"]["joint_names"] == [f"j{k}" for k in range(8)]  # not given: the bag's first JointState
     # frames 1 and 2 used the wrist image of t0 with the newer base image: stamp = newest camera stamp
     assert [f["stamp_ns"] for f in r["per_frame"]] == [t0, t0 + 100_000_000, t0 + 200_000_000]
 
@@ -202,13 +221,13 @@ def _fields(text: str) -> list[str]:
 
 
 def test_message_definitions(monkeypatch: pytest.MonkeyPatch) -> None:
-    msg_dir = ev.find_msg_dir()
+    msg_dir = typestore.find_msg_dir()
     assert msg_dir is not None
-    for name, embedded in ev.EMBEDDED_MSGS.items():
+    for name, embedded in typestore.EMBEDDED_MSGS.items():
         assert _fields((msg_dir / f"{name.rsplit('/', 1)[1]}.msg").read_text()) == _fields(embedded), name
-    monkeypatch.setattr(ev, "find_msg_dir", lambda: None)
-    ts, source = ev.oxygen_typestore()
-    assert source == "embedded" and {ev.ACTION_TYPE, ev.LANGUAGE_TYPE} <= set(ts.types)
+    monkeypatch.setattr(typestore, "find_msg_dir", lambda: None)
+    ts, source = typestore.oxygen_typestore()
+    assert source == "embedded" and {ACTION_TYPE, LANGUAGE_TYPE} <= set(ts.types)
 
 
 def test_output_topics_are_the_nodes() -> None:
@@ -218,5 +237,45 @@ def test_output_topics_are_the_nodes() -> None:
     def resolved(private_topic: str) -> str:
         return f"/{node.NODE_NAME}/{private_topic.removeprefix('~/')}"
 
-    assert resolved(node.ACTION_TOPIC) == ev.ACTION_TOPIC
-    assert resolved(node.LANGUAGE_TOPIC) == ev.LANGUAGE_TOPIC
+    assert resolved(node.ACTION_TOPIC) == ACTION_TOPIC
+    assert resolved(node.LANGUAGE_TOPIC) == LANGUAGE_TOPIC
+    assert node.NODE_NAME == cli.NODE_NAME  # whose sections of a params file the evaluation reads
+
+
+def test_invalid_parameters_fail_before_anything_is_written(data: dict[str, Path]) -> None:
+    out = data["root"] / "invalid"
+    with pytest.raises(ParamError) as info:
+        evaluate_bag(data["bag"], out, params(data, k=0, mode="fast", control_rate_hz=-1.0), progress=False)
+    assert {p.split(":")[0] for p in info.value.problems} == {"mode", "k", "control_rate_hz"}
+    assert not out.exists()
+    # the CLI reports them (exit code 2, no traceback)
+    assert cli.main([str(data["bag"]), "-p", f"checkpoint_path:={data['ckpt']}", "-p", "k:=0", "--out", str(out),
+                     "--no-progress"]) == 2
+    assert not out.exists()
+    with pytest.raises(ValueError, match="storage"):
+        evaluate_bag(data["bag"], out, params(data), storage="bag")
+
+
+def test_params_files_and_overrides(tmp_path: Path) -> None:
+    f = tmp_path / "p.yaml"
+    f.write_text("/**:\n  ros__parameters:\n    k: 3\n    camera_names: [a, b]\n"
+                 "/oxygen:\n  ros__parameters:\n    k: 4\n    engine: {threads: 2}\n"
+                 "other:\n  ros__parameters:\n    k: 5\n")
+    assert cli.read_params_file(f) == {"k": 4, "camera_names": ["a", "b"], "engine.threads": 2}
+    assert cli.read_params_file(f, "other") == {"k": 5, "camera_names": ["a", "b"]}
+    f.write_text("sim:\n  ros__parameters:\n    k: 3\n")
+    with pytest.raises(ValueError, match="no `/\\*\\*:` or `oxygen:` section"):
+        cli.read_params_file(f)
+    assert cli.parse_overrides(["k:=3", "control_rate_hz:=2.5", "publish_trajectory:=true", "instruction:=",
+                                "camera_names:=[a, b]", "request_prompt:=say {instruction}"]) == {
+        "k": 3, "control_rate_hz": 2.5, "publish_trajectory": True, "instruction": "", "camera_names": ["a", "b"],
+        "request_prompt": "say {instruction}"}
+    with pytest.raises(ValueError, match="name:=value"):
+        cli.parse_overrides(["k=3"])
+
+
+def test_tools_are_aliases() -> None:
+    """``python -m oxygen_ros.tools.evaluate_bag`` is the evaluation's command line, nothing else."""
+    from oxygen_ros.tools import evaluate_bag as tool
+
+    assert tool.main is cli.main

@@ -1,0 +1,27 @@
+"""Offline evaluation over rosbags, and the bag tools around it, none of which needs DDS except the replayer.
+
+- :mod:`.run`: :func:`evaluate_bag`, the deterministic run of the node's pipeline (input store, observation
+  builder, frame runner) over a bag on a virtual clock, configured by the node's own parameters;
+- :mod:`.report` (report.json), :mod:`.plots` (PNGs), :mod:`.outputs` (the output bag and the digest),
+  :mod:`.typestore` (ROS 2 and oxygen_ros message types for rosbags, storage plugins);
+- :mod:`.demo_bag` (a synthetic demo bag), :mod:`.replay` (the DDS bag replayer with /clock, needs rclpy);
+- :mod:`.cli`: the command lines (``python -m oxygen_ros.evaluation``, ``oxygen_ros.tools.*`` call it).
+
+Names are loaded on first use, so importing one module (the replayer, say) does not load torch and the model.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["PLOT_FILES", "REPORT_KEYS", "evaluate_bag", "make_demo_bag", "write_plots"]
+
+_WHERE = {"evaluate_bag": "run", "REPORT_KEYS": "report", "PLOT_FILES": "plots", "write_plots": "plots",
+          "make_demo_bag": "demo_bag"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
