@@ -23,7 +23,7 @@ $(STAMP): $(BIN)/python requirements.txt constraints.txt setup.py setup.cfg \
 setup: $(STAMP)
 
 demo: setup
-	$(BIN)/python -m oxygen_ros.ros.demo --duration 20
+	$(BIN)/python -m oxygen_ros.demo --duration 20
 
 test: setup
 	$(BIN)/python -m pytest -q test

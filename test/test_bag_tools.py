@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxygen_ros.tools.demo_scene import DEFAULT_CAMERAS, joint_state, render_scene
+from oxygen_ros.world.synthetic import DEFAULT_CAMERAS, joint_state, render_scene
 
 # --- demo scene -----------------------------------------------------------------------------------------------
 
@@ -60,12 +60,12 @@ def test_joint_state_smooth() -> None:
 rosbags = pytest.importorskip("rosbags", reason="rosbags is not installed")
 from rosbags.highlevel import AnyReader  # noqa: E402
 
-from oxygen_ros.tools.make_demo_bag import (  # noqa: E402
+from oxygen_ros.evaluation.demo_bag import (  # noqa: E402
     DEFAULT_JOINT_NAMES,
     START_TIME_NS,
     make_demo_bag,
 )
-from oxygen_ros.tools.make_demo_bag import main as make_demo_bag_main  # noqa: E402
+from oxygen_ros.tools.make_demo_bag import main as make_demo_bag_main  # noqa: E402  (the CLI entry point)
 
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 CAM_TOPICS = [f"/cameras/{c}/image_raw" for c in CAMS]
@@ -185,13 +185,21 @@ def test_message_class_lookup() -> None:
     pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
     from sensor_msgs.msg import Image
 
-    from oxygen_ros.tools.replay_bag import message_class
+    from oxygen_ros.evaluation.replay import message_class
 
     assert message_class("sensor_msgs/msg/Image") is Image
     assert message_class("sensor_msgs/Image") is Image
     for bad in ("no_such_pkg/msg/Foo", "sensor_msgs/msg/NoSuchType", "std_srvs/srv/Trigger", "Image"):
         with pytest.raises(LookupError):
             message_class(bad)
+
+
+def test_replay_cli_rejects_a_missing_bag(tmp_path: Path) -> None:
+    pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
+    from oxygen_ros.tools.replay_bag import main as replay_bag_main
+
+    with pytest.raises(SystemExit):
+        replay_bag_main([str(tmp_path / "no_such_bag"), "--clock"])
 
 
 @pytest.mark.ros
@@ -203,8 +211,8 @@ def test_replay_over_dds(tmp_path: Path, ros_context) -> None:
     from sensor_msgs.msg import Image, JointState
     from std_msgs.msg import String
 
+    from oxygen_ros.evaluation.replay import BagReplayer
     from oxygen_ros.ros.image_conversion import image_msg_to_array
-    from oxygen_ros.tools.replay_bag import BagReplayer
 
     bag = make_demo_bag(tmp_path / "bag", duration_s=1.5, rate_hz=10, cameras=CAMS, size=48, storage="mcap")
     bag_msgs, _ = read_bag(bag)
@@ -262,7 +270,7 @@ def test_replay_over_dds(tmp_path: Path, ros_context) -> None:
 
 @pytest.mark.ros
 def test_replay_filter_loop_and_stop(tmp_path: Path, ros_context) -> None:
-    from oxygen_ros.tools.replay_bag import BagReplayer
+    from oxygen_ros.evaluation.replay import BagReplayer
 
     bag = make_demo_bag(tmp_path / "bag", duration_s=0.3, rate_hz=10, cameras=CAMS[:1], size=16, storage="sqlite3")
     with BagReplayer(bag, topics=["/joint_states", "/nope"], rate=4.0, loop=True, qos_best_effort=True,

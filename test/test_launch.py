@@ -26,7 +26,7 @@ from launch.actions import IncludeLaunchDescription, SetEnvironmentVariable  # n
 from launch.launch_description_sources import PythonLaunchDescriptionSource  # noqa: E402
 from launch_pytest.tools import process as process_tools  # noqa: E402
 
-from oxygen_ros.ros.harness import Probe  # noqa: E402
+from oxygen_ros.testing import Probe  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

@@ -23,7 +23,7 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 
-from oxygen_ros.ros.harness import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
+from oxygen_ros.testing import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -150,7 +150,7 @@ def test_lifecycle_deactivate_and_activate(node, probe) -> None:
         req.transition.id = Transition.TRANSITION_ACTIVATE
         assert _call(probe, change, req).success
         t1 = time.monotonic()
-        assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5)
+        assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5), node.output()[-3000:]
     finally:
         probe.node.destroy_client(change)
         probe.node.destroy_client(get)
@@ -168,8 +168,8 @@ def test_sigint_stops_the_node_cleanly(node, probe) -> None:
 
 # ---------------------------------------------------------------------------------------------- bag replay
 def test_bag_replay_drives_the_node_with_sim_time(tmp_path) -> None:
-    make_demo_bag = pytest.importorskip("oxygen_ros.tools.make_demo_bag")
-    replay_bag = pytest.importorskip("oxygen_ros.tools.replay_bag")
+    make_demo_bag = pytest.importorskip("oxygen_ros.evaluation.demo_bag")
+    replay_bag = pytest.importorskip("oxygen_ros.evaluation.replay")
     bag = make_demo_bag.make_demo_bag(tmp_path / "bag", duration_s=6.0, rate_hz=10.0,
                                       cameras=[c for c, _ in CAMERAS], size=48, joint_names=JOINTS,
                                       progress=False)
@@ -206,7 +206,7 @@ def test_demo_runs_and_summarises() -> None:
 
     from rich.console import Console
 
-    from oxygen_ros.ros.demo import print_summary, run_demo
+    from oxygen_ros.demo import print_summary, run_demo
 
     console = Console(file=io.StringIO(), width=120)
     summary = run_demo(duration=4.0, domain_id=DOMAIN + 50, image_size=96, console=console, scene="synthetic")

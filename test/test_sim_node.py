@@ -30,7 +30,7 @@ from std_msgs.msg import String  # noqa: E402
 from oxygen_ros.ros.image_conversion import image_msg_to_array  # noqa: E402
 from oxygen_ros.ros.observation_builder import stamp_to_ns  # noqa: E402
 from oxygen_ros.ros.publishers import make_action_chunk, time_msg  # noqa: E402
-from oxygen_ros.ros.sim_node import TabletopSimNode, chunk_start_index  # noqa: E402
+from oxygen_ros.sim import TabletopSimNode, chunk_start_index  # noqa: E402
 from oxygen_ros.world import CAMERAS, JOINT_NAMES, expert_chunk  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
@@ -148,7 +148,8 @@ def test_memories_are_scored_against_the_observation_they_came_from(world: World
     assert world.wait_for(lambda: len(world.joints) >= 3, 10)
     with world.lock:
         stamp = stamp_to_ns(world.joints[-1].header.stamp)
-    truth = world.sim._truth[stamp]
+    truth = world.sim.truth.get(stamp)
+    assert truth is not None
     for text in (truth, "The blue block is on the moon."):
         msg = LanguageOutput(task="memory", text=text, num_tokens=3, eos=True)
         msg.header.stamp = time_msg(stamp)

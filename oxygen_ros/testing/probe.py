@@ -1,20 +1,15 @@
-"""Drive a running oxygen node from outside, over real DDS: start it as a child process (:class:`NodeProcess`),
-feed it the synthetic scene and record what it publishes (:class:`Probe`). Used by the demo and the tests.
+"""A helper node that drives a running oxygen node over real DDS (:class:`Probe`): it publishes the synthetic scene
+(:mod:`oxygen_ros.world.synthetic`: cameras, joint states, instruction) and records the node's action chunks,
+language outputs, trajectories and diagnostics. Used by the demo and the tests.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import cv2
@@ -30,113 +25,20 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
-from oxygen_ros.tools.demo_scene import joint_state, render_scene
+from oxygen_ros.ros.image_conversion import array_to_image_msg
+from oxygen_ros.ros.observation_builder import stamp_to_ns
+from oxygen_ros.ros.publishers import time_msg
+from oxygen_ros.world.synthetic import joint_state, render_scene
 
-from .image_conversion import array_to_image_msg
-from .observation_builder import stamp_to_ns
-from .publishers import time_msg
-
-__all__ = ["NodeProcess", "Probe", "Received", "chunk_array", "header_ns", "ros_env", "yaml_value"]
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
+__all__ = ["Probe", "Received", "chunk_array", "header_ns", "joint_state_msg"]
 
 
-def yaml_value(value: Any) -> str:
-    """A parameter value as the YAML text ``-p name:=<text>`` expects (strings single-quoted)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(yaml_value(v) for v in value) + "]"
-    raise TypeError(f"unsupported parameter value {value!r}")
-
-
-def ros_env(domain_id: int, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment for a child ROS process on an isolated domain, discovering on localhost only."""
-    env = dict(os.environ if base is None else base)
-    env.update(ROS_DOMAIN_ID=str(domain_id), ROS_AUTOMATIC_DISCOVERY_RANGE="LOCALHOST", PYTHONUNBUFFERED="1",
-               RCUTILS_COLORIZED_OUTPUT="0")
-    return env
-
-
-class NodeProcess:
-    """``python -m oxygen_ros.ros.node`` (or another node ``module``) as a child process; its output goes to a log
-    file.
-
-    Args:
-        params_file: a ROS params YAML (``--params-file``), or None.
-        overrides: ``-p name:=value`` overrides.
-        remaps: ``-r from:=to`` remappings.
-        domain_id: ROS_DOMAIN_ID of the child.
-        log_path: where stdout+stderr go (default: a temporary file).
-        module: the node's module (``python -m <module> --ros-args ...``).
-    """
-
-    def __init__(self, params_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
-                 remaps: Mapping[str, str] | None = None, domain_id: int = 0, log_path: str | Path | None = None,
-                 python: str = sys.executable, module: str = "oxygen_ros.ros.node") -> None:
-        self.cmd = [python, "-m", module, "--ros-args"]
-        if params_file is not None:
-            self.cmd += ["--params-file", str(params_file)]
-        for name, value in (overrides or {}).items():
-            self.cmd += ["-p", f"{name}:={yaml_value(value)}"]
-        for src, dst in (remaps or {}).items():
-            self.cmd += ["-r", f"{src}:={dst}"]
-        self.env = ros_env(domain_id)
-        if log_path is None:
-            fd, log_path = tempfile.mkstemp(prefix="oxygen_node_", suffix=".log")
-            os.close(fd)
-        self.log_path = Path(log_path)
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> NodeProcess:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(self.cmd, stdout=log, stderr=subprocess.STDOUT, env=self.env,
-                                         cwd=REPO_ROOT, start_new_session=True)
-        return self
-
-    @property
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def output(self) -> str:
-        """Everything the node printed so far."""
-        try:
-            return self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-
-    def wait_for_output(self, text: str, timeout: float) -> bool:
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if text in self.output():
-                return True
-            if not self.alive:
-                return text in self.output()
-            time.sleep(0.05)
-        return False
-
-    def stop(self, sig: int = signal.SIGINT, timeout: float = 15.0) -> int | None:
-        """Send ``sig`` (default SIGINT, like Ctrl-C) and wait; kill after ``timeout``. Returns the exit code."""
-        if self.proc is None:
-            return None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return self.proc.returncode
-
-    def __enter__(self) -> NodeProcess:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
+def joint_state_msg(names: Sequence[str], positions: Sequence[float], stamp_ns: int) -> JointState:
+    """A ``sensor_msgs/JointState`` with ``positions`` (as floats) for ``names``, stamped ``stamp_ns``."""
+    msg = JointState(name=list(names))
+    msg.header.stamp = time_msg(stamp_ns)
+    msg.position = [float(p) for p in positions]
+    return msg
 
 
 @dataclass
@@ -210,6 +112,7 @@ class Probe:
             self.executor.spin()
 
     def close(self) -> None:
+        """Stop the stream, the executor and the node; shut the probe's context down."""
         self.stop_stream()
         self.executor.shutdown(timeout_sec=2.0)
         self.node.destroy_node()
@@ -219,7 +122,7 @@ class Probe:
     def __enter__(self) -> Probe:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ------------------------------------------------------------------------------------------ recording
@@ -239,18 +142,22 @@ class Probe:
                     self.received.diagnostic_message = status.message
 
     def chunks(self, since: float = 0.0) -> list[ActionChunk]:
+        """Action chunks received at or after monotonic time ``since``."""
         with self._lock:
             return [m for t, m in self.received.chunks if t >= since]
 
     def language(self, since: float = 0.0) -> list[LanguageOutput]:
+        """Language outputs received at or after monotonic time ``since``."""
         with self._lock:
             return [m for t, m in self.received.language if t >= since]
 
     def trajectories(self, since: float = 0.0) -> list[JointTrajectory]:
+        """Trajectories received at or after monotonic time ``since``."""
         with self._lock:
             return [m for t, m in self.received.trajectories if t >= since]
 
     def diagnostics(self) -> dict[str, str]:
+        """The newest key/values of the node's inference diagnostics status."""
         with self._lock:
             return dict(self.received.diagnostics)
 
@@ -278,18 +185,20 @@ class Probe:
 
     # ------------------------------------------------------------------------------------------ publishing
     def now_ns(self) -> int:
+        """The probe node's clock (nanoseconds)."""
         return self.node.get_clock().now().nanoseconds
 
     def publish_instruction(self, text: str) -> None:
+        """Publish ``text`` on ``instruction`` (transient local: late joiners get it too)."""
         self.instruction_pub.publish(String(data=text))
 
     def publish_joints(self, t: float, names: Iterable[str] | None = None,
                        positions: Sequence[float] | None = None, stamp_ns: int | None = None) -> None:
+        """Publish ``positions`` (default: the synthetic scene's at time ``t``) for ``names`` (default: the probe's
+        joints), stamped ``stamp_ns`` (default: now)."""
         names = list(names if names is not None else self.joint_names)
-        msg = JointState(name=names)
-        msg.header.stamp = time_msg(self.now_ns() if stamp_ns is None else stamp_ns)
-        msg.position = list(map(float, positions if positions is not None else joint_state(t, names)))
-        self.joint_pub.publish(msg)
+        positions = positions if positions is not None else joint_state(t, names)
+        self.joint_pub.publish(joint_state_msg(names, positions, self.now_ns() if stamp_ns is None else stamp_ns))
 
     def publish_frame(self, t: float | None = None, cameras: Iterable[str] | None = None,
                       stamp_ns: int | None = None) -> int:
@@ -325,11 +234,13 @@ class Probe:
         self._stream_cameras = None if cameras is None else set(cameras)
 
     def stop_stream(self) -> None:
+        """Stop the frame stream of :meth:`start_stream` (no-op when none runs)."""
         if self._stream_timer is not None:
             self.node.destroy_timer(self._stream_timer)
             self._stream_timer = None
 
     def stamps_sent(self) -> set[int]:
+        """Stamps of every frame published so far."""
         with self._lock:
             return set(self.sent_stamps)
 

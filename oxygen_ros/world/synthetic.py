@@ -3,7 +3,11 @@
 A red block travels back and forth between its start and a blue plate, followed by a gripper; a green and a
 yellow block drift slowly. Each camera name is a viewpoint: ``base_0_rgb`` looks at the whole table, the wrist
 cameras follow the gripper zoomed in (the right one upside down), other names get a viewpoint derived from the
-name. Everything is a pure function of (t, camera, size, seed).
+name. Everything is a pure function of (t, camera, size, seed). :func:`joint_state` gives matching joint positions
+as plain floats (the ROS message is built by :class:`oxygen_ros.testing.Probe`).
+
+Unlike :class:`oxygen_ros.world.TabletopWorld` nothing here reacts to actions: it is a timing and plumbing stream
+(the synthetic demo scene, demo bags, node tests), not a task.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The tabletop simulator as a ROS 2 node: the robot the oxygen node drives in the closed-loop demo.
 
-    python -m oxygen_ros.ros.sim_node [--ros-args -p seed:=1000000 -p step_rate_hz:=20.0]
+    python -m oxygen_ros.sim [--ros-args -p seed:=1000000 -p step_rate_hz:=20.0]
 
 Topics (relative names, remappable):
   out  /cameras/<camera>/image_raw  sensor_msgs/Image rgb8, one per world camera, every step
@@ -11,10 +11,11 @@ Topics (relative names, remappable):
   in   /oxygen/language_output      oxygen_ros/LanguageOutput: "memory" texts scored against the world's truth
 
 Every step (``step_rate_hz``) the next queued action is applied and a new observation is published, all stamped
-with one time. A chunk computed from the observation stamped ``t0`` holds actions for ``t0 + i * dt``; the ones
+with one time. A chunk computed from the observation stamped ``t0`` holds actions for ``t0 + (i + 1) * dt``; the ones
 whose time has passed are skipped, so a slow policy does not replay stale actions. Chunks from before the current
 episode and malformed chunks are dropped (counted, warned). After success or ``max_steps`` the finished scene stays
-up for ``reset_pause_s`` (so its memory is asked about too), then the next seed starts.
+up for ``reset_pause_s`` (so its memory is asked about too), then the next seed starts. The ROS-free parts live
+next to this module: :mod:`.chunks` (chunk timing and validation) and :mod:`.scoring` (records, counters, truth).
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from __future__ import annotations
 import json
 import sys
 from collections import deque
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
+from typing import Any
 
 import numpy as np
 import rclpy
@@ -32,67 +34,38 @@ from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
+from oxygen_ros.ros.image_conversion import array_to_image_msg
+from oxygen_ros.ros.observation_builder import stamp_to_ns
+from oxygen_ros.ros.publishers import time_msg
 from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 
-from .image_conversion import array_to_image_msg
-from .observation_builder import stamp_to_ns
-from .publishers import time_msg
+from .chunks import aligned_actions, chunk_problem
+from .scoring import EpisodeRecord, MemoryTruth, SimCounters
 
-__all__ = ["EpisodeRecord", "SimCounters", "TabletopSimNode", "chunk_start_index", "main"]
+__all__ = ["INSTRUCTION_REPEAT_S", "PARAMETERS", "TabletopSimNode", "main"]
 
 INSTRUCTION_REPEAT_S = 2.0
-TRUTH_HISTORY = 2048  # observation stamps whose ground-truth memory is kept for scoring
-
-
-@dataclass
-class EpisodeRecord:
-    """One finished episode (also the JSON of its ``~/events`` line, with ``"event": "episode"``)."""
-
-    episode: int
-    seed: int
-    instruction: str
-    success: bool
-    steps: int
-    chunks: int
-
-
-@dataclass
-class SimCounters:
-    """Running totals (the node logs them at shutdown)."""
-
-    episodes: int = 0
-    successes: int = 0
-    chunks: int = 0
-    stale_chunks: int = 0
-    rejected_chunks: int = 0
-    memories: int = 0
-    memory_exact: int = 0
-    memory_unscored: int = 0
-
-
-def chunk_start_index(stamp_ns: int, now_ns: int, dt_ns: int, horizon: int) -> int:
-    """Index of the first action of a chunk still in the future: action ``i`` is meant for ``stamp + (i + 1) * dt``
-    (the step after the observation), so the actions due up to ``now`` are skipped; at most ``horizon - 1``."""
-    if dt_ns <= 0 or now_ns <= stamp_ns:
-        return 0
-    return min(horizon - 1, (now_ns - stamp_ns) // dt_ns)
+PARAMETERS: dict[str, Any] = {  # the node's ROS parameters and their defaults
+    "seed": 1_000_000,  # first episode seed (evaluation seeds, unseen in training)
+    "step_rate_hz": 20.0,
+    "image_size": 64,
+    "max_steps": WorldConfig.max_steps,
+    "reset_pause_s": 1.0,
+    "max_episodes": 0,  # 0: run until shut down
+    "chunk_topic": "/oxygen/action_chunk",
+    "language_topic": "/oxygen/language_output",
+    "frame_id": "table",
+    "autostart": True,  # false: wait for start() (lets a caller wait for discovery)
+}
 
 
 class TabletopSimNode(Node):
     """Publishes the world's sensors, executes received action chunks, scores memories, resets between tasks."""
 
-    def __init__(self, name: str = "tabletop_sim", **kwargs) -> None:
+    def __init__(self, name: str = "tabletop_sim", **kwargs: Any) -> None:
         super().__init__(name, **kwargs)
-        self.declare_parameter("seed", 1_000_000)  # first episode seed (evaluation seeds, unseen in training)
-        self.declare_parameter("step_rate_hz", 20.0)
-        self.declare_parameter("image_size", 64)
-        self.declare_parameter("max_steps", WorldConfig.max_steps)
-        self.declare_parameter("reset_pause_s", 1.0)
-        self.declare_parameter("max_episodes", 0)  # 0: run until shut down
-        self.declare_parameter("chunk_topic", "/oxygen/action_chunk")
-        self.declare_parameter("language_topic", "/oxygen/language_output")
-        self.declare_parameter("frame_id", "table")
-        self.declare_parameter("autostart", True)  # false: wait for start() (lets a caller wait for discovery)
+        for parameter, default in PARAMETERS.items():
+            self.declare_parameter(parameter, default)
         get = self.get_parameter
         rate = float(get("step_rate_hz").value)
         if not rate > 0.0:
@@ -106,7 +79,7 @@ class TabletopSimNode(Node):
         self.frame_id = str(get("frame_id").value)
         self.counters = SimCounters()
         self._queue: deque[np.ndarray] = deque()
-        self._truth: dict[int, str] = {}  # observation stamp -> ground-truth memory text
+        self.truth = MemoryTruth()  # observation stamp -> ground-truth memory text
         self._episode_chunks = 0
         self._done_since: int | None = None
         self._last_instruction_ns = 0
@@ -196,9 +169,7 @@ class TabletopSimNode(Node):
         js.name = list(JOINT_NAMES)
         js.position = [float(v) for v in obs.state]
         self._joint_pub.publish(js)
-        self._truth[stamp_ns] = self.world.memory_text()
-        while len(self._truth) > TRUTH_HISTORY:
-            del self._truth[next(iter(self._truth))]
+        self.truth.record(stamp_ns, self.world.memory_text())
 
     # ------------------------------------------------------------------------------------------ inputs
     def _on_chunk(self, msg: ActionChunk) -> None:
@@ -206,14 +177,7 @@ class TabletopSimNode(Node):
             return
         dim, horizon = int(msg.action_dim), int(msg.horizon)
         actions = np.asarray(msg.actions, dtype=np.float64)
-        names = list(msg.joint_names)
-        problem = None
-        if dim < len(JOINT_NAMES) or horizon < 1 or actions.size != dim * horizon:
-            problem = f"shape: horizon {horizon} x action_dim {dim} with {actions.size} values"
-        elif names and names[: len(JOINT_NAMES)] != list(JOINT_NAMES):
-            problem = f"joint_names {names} do not start with {list(JOINT_NAMES)}"
-        elif not np.all(np.isfinite(actions)):
-            problem = "non-finite actions"
+        problem = chunk_problem(actions, horizon, dim, list(msg.joint_names), JOINT_NAMES)
         if problem is not None:
             self.counters.rejected_chunks += 1
             self.get_logger().warning(f"rejected action chunk {msg.frame_index}: {problem}",
@@ -224,16 +188,14 @@ class TabletopSimNode(Node):
             self.counters.stale_chunks += 1  # planned for the previous episode, or nothing left to do
             return
         dt_ns = int(msg.dt.sec) * 1_000_000_000 + int(msg.dt.nanosec) or self.period_ns
-        start = chunk_start_index(stamp, self._now_ns(), dt_ns, horizon)
-        rows = actions.reshape(horizon, dim)[start:, : len(JOINT_NAMES)]
-        self._queue = deque(rows)
+        self._queue = deque(aligned_actions(actions, horizon, dim, len(JOINT_NAMES), stamp, self._now_ns(), dt_ns))
         self.counters.chunks += 1
         self._episode_chunks += 1
 
     def _on_language(self, msg: LanguageOutput) -> None:
         if msg.task != "memory":
             return
-        truth = self._truth.get(stamp_to_ns(msg.header.stamp))
+        truth = self.truth.get(stamp_to_ns(msg.header.stamp))
         self.counters.memories += 1
         if truth is None:
             self.counters.memory_unscored += 1
@@ -243,7 +205,7 @@ class TabletopSimNode(Node):
         self.counters.memory_exact += int(exact)
         self._event("memory", frame_index=int(msg.frame_index), text=msg.text, truth=truth, exact=exact)
 
-    def _event(self, kind: str, **fields) -> None:
+    def _event(self, kind: str, **fields: Any) -> None:
         self._event_pub.publish(String(data=json.dumps({"event": kind, **fields})))
 
 
@@ -257,10 +219,7 @@ def main(args: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        c = node.counters
-        node.get_logger().info(f"done: {c.successes}/{c.episodes} tasks, memory exact {c.memory_exact}/"
-                               f"{c.memories - c.memory_unscored}, chunks {c.chunks} (stale {c.stale_chunks}, "
-                               f"rejected {c.rejected_chunks})")
+        node.get_logger().info(f"done: {node.counters.summary()}")
         node.destroy_node()
         if rclpy.ok():
             rclpy.try_shutdown()

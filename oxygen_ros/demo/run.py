@@ -1,0 +1,257 @@
+"""The embedded demo: a closed loop over ROS 2 topics. The node runs the package's default model (pi0.5 trained on
+the tabletop world) and drives the tabletop simulator node: the robot puts blocks on plates while the model's
+memories are published and scored. A live table every second (tasks done, frames, action Hz, tokens/s, the last
+memory against the world's truth), then a final summary.
+
+    python -m oxygen_ros.demo                      # ~20 s, starts the node itself (the tabletop.yaml preset)
+    python -m oxygen_ros.demo --duration 60 --set k:=1
+    python -m oxygen_ros.demo --no-node            # simulate and watch a node started elsewhere (ros2 launch ...)
+    python -m oxygen_ros.demo --scene synthetic    # a tiny random model on a synthetic stream (timing only)
+
+The node runs as a child process (``python -m oxygen_ros.ros.node``, its log in a temporary file); this process hosts
+the simulator node (:mod:`oxygen_ros.sim`; with ``--scene synthetic`` the scene of :mod:`oxygen_ros.world.synthetic`)
+and listens to the node's outputs over DDS. Presets are found by :func:`oxygen_ros.demo.config.find_config`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from oxygen_ros.testing.probe import Probe, header_ns
+from oxygen_ros.testing.process import NodeProcess
+
+from .config import find_config, load_params, parse_set
+from .scenes import Scene, SyntheticScene, TabletopScene, clean_text
+
+__all__ = ["DEFAULT_SIM_SEED", "SCENES", "DemoSummary", "main", "print_summary", "run_demo"]
+
+SCENES = ("synthetic", "tabletop")  # each scene's preset is config/<scene>.yaml
+DEFAULT_SIM_SEED = 1_000_000  # the closed-loop evaluation's first seed (scenes unseen in training)
+STAGES = ("prefill", "denoise", "decode", "frame")
+
+
+@dataclass
+class DemoSummary:
+    """What the demo measured (receive side, over the whole run)."""
+
+    frames: int
+    action_hz: float
+    frame_hz: float
+    tokens_per_s: float
+    language_outputs: int
+    mean_latency_ms: float
+    last_text: str
+    node_exit_code: int | None
+    diagnostics: dict[str, str]
+    scene: str = "tabletop"
+    tasks_completed: int = 0  # tabletop: episodes that ended in success
+    episodes: int = 0  # tabletop: episodes finished (success or out of steps)
+    memories_scored: int = 0  # tabletop: memory outputs matched to an observation of the simulator
+    memories_exact: int = 0
+
+
+def _ms(duration: Any) -> float:
+    return duration.sec * 1e3 + duration.nanosec / 1e6
+
+
+def _window(probe: Probe, seconds: float) -> tuple[int, int, int]:
+    """(chunks, language outputs, tokens) received in the last ``seconds``."""
+    since = time.monotonic() - seconds
+    language = probe.language(since)
+    return len(probe.chunks(since)), len(language), sum(o.num_tokens for o in language)
+
+
+def _table(probe: Probe, scene: Scene, elapsed: float, duration: float, horizon: int) -> Table:
+    chunks, _, tokens = _window(probe, 2.0)
+    all_chunks, language, diag = probe.chunks(), probe.language(), probe.diagnostics()
+    last = all_chunks[-1] if all_chunks else None
+    table = Table(title=f"oxygen_ros demo  {elapsed:5.1f} / {duration:.0f} s   {scene.note()}", title_justify="left")
+    table.add_column("metric", style="cyan", no_wrap=True)
+    table.add_column("value", overflow="fold")
+    latency = "" if last is None else f"{_ms(last.inference_latency):.0f} ms"
+    rows = [
+        ("node", f"{diag.get('state', 'starting')} ({diag.get('mode', '?')})"),
+        ("frames (action chunks)", str(len(all_chunks))),
+        ("frame rate", f"{chunks / 2.0:.1f} Hz"),
+        ("action rate", f"{chunks / 2.0 * horizon:.0f} actions/s (H={horizon})"),
+        ("language", f"{len(language)} outputs, {tokens / 2.0:.0f} tokens/s"),
+        ("stage times (EMA, ms)", " ".join(f"{s} {diag.get(f'{s}_ms', '-')}" for s in STAGES)),
+        ("latency (obs -> chunk)", latency),
+        ("backlog / deadline misses", f"{diag.get('language_backlog', '-')} / {diag.get('deadline_misses', '-')}"),
+        ("skipped / rejected", f"{diag.get('skipped_frames', '-')} / {diag.get('rejected_inputs', '-')}"),
+        *scene.rows(),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def _wait_subscribed(probe: Probe, scene: Scene, node: NodeProcess | None, console: Console) -> None:
+    with console.status("waiting for the node to subscribe to the cameras ..."):
+        if not probe.wait_for(scene.subscribed, 60):
+            raise RuntimeError("the node never subscribed to the cameras" + (
+                f"; its log:\n{node.output()[-3000:]}" if node is not None else ""))
+
+
+def _watch(probe: Probe, scene: Scene, node: NodeProcess | None, duration: float, horizon: int,
+           console: Console) -> tuple[float, int]:
+    """Show the live table (a line per second when not on a terminal) for ``duration`` seconds; returns the wall
+    time and the action horizon (taken from the first chunk when the preset leaves it to the model)."""
+    t0 = time.monotonic()
+    live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
+    if live is not None:
+        live.start()
+    try:
+        while (elapsed := time.monotonic() - t0) < duration:
+            scene.tick()
+            if node is not None and not node.alive:
+                raise RuntimeError(f"the node exited:\n{node.output()[-3000:]}")
+            if not horizon and probe.chunks():
+                horizon = int(probe.chunks()[0].horizon)
+            if live is not None:
+                live.update(_table(probe, scene, elapsed, duration, horizon))
+            else:
+                chunks, _, tokens = _window(probe, 1.0)
+                console.print(f"{elapsed:5.1f} s  frames {len(probe.chunks()):4d}  {chunks * horizon:4.0f} "
+                              f"actions/s  {tokens:4.0f} tokens/s  "
+                              + "  ".join(f"{k}: {v}" for k, v in scene.rows()), soft_wrap=True)
+            time.sleep(1.0 - (time.monotonic() - t0) % 1.0)
+    finally:
+        if live is not None:
+            live.stop()
+    return time.monotonic() - t0, horizon
+
+
+def _summarize(probe: Probe, scene: str, wall: float, horizon: int, exit_code: int | None,
+               diagnostics: dict[str, str], scene_summary: dict[str, int]) -> DemoSummary:
+    chunks, language = probe.chunks(), probe.language()
+    latencies = [_ms(c.inference_latency) for c in chunks]
+    stamps = sorted(header_ns(c) for c in chunks)
+    span = (stamps[-1] - stamps[0]) / 1e9 if len(stamps) > 1 else 0.0
+    frame_hz = (len(stamps) - 1) / span if span > 0 else 0.0
+    return DemoSummary(
+        frames=len(chunks), action_hz=frame_hz * horizon, frame_hz=frame_hz,
+        tokens_per_s=sum(o.num_tokens for o in language) / wall, language_outputs=len(language),
+        mean_latency_ms=sum(latencies) / len(latencies) if latencies else float("nan"),
+        last_text=clean_text(language[-1].text) if language else "", node_exit_code=exit_code,
+        diagnostics=diagnostics, scene=scene, **scene_summary)
+
+
+def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict[str, Any] | None = None,
+             start_node: bool = True, domain_id: int | None = None, image_size: int = 224, camera_rate_hz: float = 15.0,
+             console: Console | None = None, scene: str = "tabletop", sim_seed: int = DEFAULT_SIM_SEED) -> DemoSummary:
+    """Run the demo for ``duration`` seconds and return the summary. ``scene``: "tabletop" (the simulator node, closed
+    loop) or "synthetic" (a synthetic stream of ``image_size`` px at ``camera_rate_hz``); ``config`` defaults to the
+    scene's preset (:func:`~oxygen_ros.demo.config.find_config`)."""
+    if scene not in SCENES:
+        raise ValueError(f"scene must be one of {sorted(SCENES)}, got {scene!r}")
+    console = console or Console()
+    config = config or find_config(scene)
+    overrides = dict(overrides or {})
+    params = load_params(config, overrides)
+    cameras = list(params.get("camera_names") or ["base_0_rgb", "left_wrist_0_rgb"])
+    topics = list(params.get("camera_topics") or [f"/cameras/{c}/image_raw" for c in cameras])
+    os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
+    if domain_id is None:
+        domain_id = int(os.environ.get("ROS_DOMAIN_ID", 0)) if not start_node else 150 + os.getpid() % 80
+
+    node = NodeProcess(config, overrides, domain_id=domain_id) if start_node else None
+    if node is not None:
+        node.start()
+        console.print(f"[bold]node[/] python -m oxygen_ros.ros.node ({config.name}), log: {node.log_path}",
+                      soft_wrap=True)
+    console.print(f"[bold]watch it[/]: ROS_DOMAIN_ID={domain_id} ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST "
+                  "ros2 topic echo /oxygen/language_output", soft_wrap=True)
+    probe_cameras = list(zip(cameras, topics, strict=True)) if scene == "synthetic" else []
+    probe = Probe(probe_cameras, list(params["joint_names"]), image_size=image_size, domain_id=domain_id,
+                  name=f"oxygen_demo_{scene}")
+    try:
+        world: Scene = TabletopScene(probe, "/oxygen", sim_seed) if scene == "tabletop" \
+            else SyntheticScene(probe, camera_rate_hz)
+        _wait_subscribed(probe, world, node, console)
+        world.start()
+        wall, horizon = _watch(probe, world, node, duration, int(params.get("action_horizon") or 0), console)
+        scene_summary = world.summary()
+        world.close()
+        diagnostics = probe.diagnostics()
+        exit_code = node.stop(signal.SIGINT, timeout=15) if node is not None else None
+        return _summarize(probe, scene, wall, horizon, exit_code, diagnostics, scene_summary)
+    finally:
+        probe.close()
+        if node is not None and node.alive:
+            node.stop(signal.SIGINT, timeout=15)
+
+
+def print_summary(s: DemoSummary, console: Console) -> None:
+    """Print the summary table."""
+    table = Table(title=f"oxygen_ros demo ({s.scene}): summary", title_justify="left")
+    table.add_column("metric", style="cyan")
+    table.add_column("value")
+    d = s.diagnostics
+    rows = [("tasks done / episodes", f"{s.tasks_completed} / {s.episodes}"),
+            ("memory exact match", f"{s.memories_exact} / {s.memories_scored}")] if s.scene == "tabletop" else []
+    for name, value in (
+        *rows,
+        ("frames (action chunks)", str(s.frames)),
+        ("frame rate / action rate", f"{s.frame_hz:.1f} Hz / {s.action_hz:.0f} actions/s"),
+        ("language outputs / tokens per s", f"{s.language_outputs} / {s.tokens_per_s:.0f}"),
+        ("mean latency (obs -> chunk)", f"{s.mean_latency_ms:.0f} ms"),
+        ("stage times (EMA, ms)", " ".join(f"{k} {d.get(f'{k}_ms', '-')}" for k in STAGES)),
+        ("deadline misses / skipped / rejected", f"{d.get('deadline_misses', '-')} / {d.get('skipped_frames', '-')} / "
+                                                 f"{d.get('rejected_inputs', '-')}"),
+        ("last language output", s.last_text or "(none)"),
+        ("node exit code", "-" if s.node_exit_code is None else str(s.node_exit_code)),
+    ):
+        table.add_row(name, value)
+    console.print(table)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Command-line entry point; returns 0 when chunks and language outputs were seen, the node exited cleanly and
+    (tabletop scene) the robot completed at least one task."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--duration", type=float, default=20.0, help="seconds of streaming (default 20)")
+    ap.add_argument("--scene", choices=sorted(SCENES), default="tabletop",
+                    help="tabletop: closed loop with the simulator (default); synthetic: random model, timing only")
+    ap.add_argument("--config", type=Path, help="node params file (default: the scene's preset, tabletop.yaml or "
+                                                "synthetic.yaml: the checkout's config/ or share/oxygen_ros/config)")
+    ap.add_argument("--set", action="append", default=[], metavar="NAME:=VALUE", help="override a node parameter")
+    ap.add_argument("--no-node", action="store_true", help="do not start the node (use one started elsewhere)")
+    ap.add_argument("--domain-id", type=int, help="ROS domain (default: a private one, or $ROS_DOMAIN_ID with "
+                                                  "--no-node)")
+    ap.add_argument("--seed", type=int, default=DEFAULT_SIM_SEED, help="first episode seed of the simulator")
+    ap.add_argument("--image-size", type=int, default=224, help="synthetic scene: camera image size (default 224)")
+    ap.add_argument("--camera-rate", type=float, default=15.0, help="synthetic scene: camera rate (default 15 Hz)")
+    args = ap.parse_args(argv)
+    console = Console()
+    try:
+        summary = run_demo(args.duration, args.config, parse_set(args.set), not args.no_node, args.domain_id,
+                           args.image_size, args.camera_rate, console, args.scene, args.seed)
+    except KeyboardInterrupt:
+        console.print("interrupted")
+        return 130
+    except (RuntimeError, ValueError, FileNotFoundError, argparse.ArgumentTypeError) as e:
+        console.print(f"[red]demo failed:[/] {e}")
+        return 1
+    print_summary(summary, console)
+    ok = summary.frames > 0 and summary.language_outputs > 0 and summary.node_exit_code in (0, None)
+    if summary.scene == "tabletop" and not summary.tasks_completed:
+        console.print("[red]no task completed[/]")
+        ok = False
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
