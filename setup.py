@@ -1,8 +1,10 @@
 """pip install path for oxygen_ros (the engine works without ROS).
 
 colcon on a ROS 2 robot follows package.xml (build_type ament_cmake, see CMakeLists.txt);
-this file only serves `pip install -e .` for researchers and for the test environment.
+this file serves `pip install .` / `pip install -e .` for researchers and for the test environment.
 """
+
+from glob import glob
 
 from setuptools import find_packages, setup
 
@@ -15,6 +17,8 @@ setup(
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),
+        (f"share/{package_name}/config", sorted(glob("config/*.yaml"))),  # the presets (demo, launch)
+        (f"share/{package_name}/launch", sorted(glob("launch/*.py"))),
     ],
     # the model's files only: training logs and curves stay in the repository (runs/train_toy/)
     package_data={"oxygen_ros.models": [f"toy/{name}" for name in ("config.json", "model.safetensors",
@@ -30,6 +34,7 @@ setup(
     python_requires=">=3.10",
     entry_points={
         "console_scripts": [
+            "oxygen-node = oxygen_ros.ros.node:main",
             "oxygen-profile = oxygen_ros.tools.profile:main",
             "oxygen-make-checkpoint = oxygen_ros.tools.make_checkpoint:main",
             "oxygen-make-tokenizer = oxygen_ros.tools.make_tokenizer:main",

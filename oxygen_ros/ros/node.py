@@ -372,7 +372,14 @@ def main(args: list[str] | None = None) -> int:
     SIGINT/SIGTERM are handled here rather than by rclpy (whose handler shuts the context down and destroys the
     node while callbacks may still run): stop the executor, wait for the running frame, release, then shut down.
     """
-    rclpy.init(args=args if args is not None else sys.argv, signal_handler_options=SignalHandlerOptions.NO)
+    argv = list(args if args is not None else sys.argv)
+    own = argv[1:argv.index("--ros-args")] if "--ros-args" in argv else argv[1:]
+    if {"-h", "--help"} & set(own):
+        print(__doc__.strip() + "\n\nParameters (-p name:=value or --params-file FILE after --ros-args):")
+        for spec in PARAMS:
+            print(f"  {spec.name} ({spec.type_name}, default {spec.ros_default!r}): {spec.description}")
+        return 0
+    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

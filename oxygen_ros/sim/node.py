@@ -211,7 +211,12 @@ class TabletopSimNode(Node):
 
 def main(args: list[str] | None = None) -> int:
     """Run the simulator until shut down (or until ``max_episodes`` are done)."""
-    rclpy.init(args=args if args is not None else sys.argv)
+    argv = list(args if args is not None else sys.argv)
+    own = argv[1:argv.index("--ros-args")] if "--ros-args" in argv else argv[1:]
+    if {"-h", "--help"} & set(own):
+        print(__doc__.strip())
+        return 0
+    rclpy.init(args=argv)
     node = TabletopSimNode()
     try:
         while rclpy.ok() and not node.finished:
