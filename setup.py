@@ -34,7 +34,7 @@ setup(
     python_requires=">=3.10",
     entry_points={
         "console_scripts": [
-            "oxygen-node = oxygen_ros.ros.node:main",
+            "oxygen-node = oxygen_ros.ros.main:main",
             "oxygen-profile = oxygen_ros.tools.profile:main",
             "oxygen-make-checkpoint = oxygen_ros.tools.make_checkpoint:main",
             "oxygen-make-tokenizer = oxygen_ros.tools.make_tokenizer:main",

@@ -288,6 +288,7 @@ def evaluate_bag(
         ParamError: invalid parameters. ValueError: a bad storage, a camera topic of the wrong message type, a
             parameter contradicting the checkpoint. FileExistsError: ``out/out_bag`` exists and not ``overwrite``.
     """
+    # (over 60 lines with its signature and docstring; the body is one short pass)
     t_start = time.perf_counter()
     bag, out = Path(bag), Path(out)
     storage = storage or bag_storage(bag)

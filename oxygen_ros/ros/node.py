@@ -22,7 +22,6 @@ clock (``use_sim_time`` follows /clock during bag replay).
 from __future__ import annotations
 
 import gc
-import signal
 import sys
 import threading
 import time
@@ -30,16 +29,13 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import rclpy
 import torch
 from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
-from rclpy.executors import ExternalShutdownException, SingleThreadedExecutor
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.signals import SignalHandlerOptions
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -366,52 +362,7 @@ class OxygenNode(LifecycleNode):
         return wrapped
 
 
-def main(args: list[str] | None = None) -> int:
-    """Entry point of ``oxygen_node`` / ``python -m oxygen_ros.ros.node``; returns 0 on a clean shutdown.
+if __name__ == "__main__":  # python -m oxygen_ros.ros.node
+    from oxygen_ros.ros.main import main
 
-    SIGINT/SIGTERM are handled here rather than by rclpy (whose handler shuts the context down and destroys the
-    node while callbacks may still run): stop the executor, wait for the running frame, release, then shut down.
-    """
-    argv = list(args if args is not None else sys.argv)
-    own = argv[1:argv.index("--ros-args")] if "--ros-args" in argv else argv[1:]
-    if {"-h", "--help"} & set(own):
-        print(__doc__.strip() + "\n\nParameters (-p name:=value or --params-file FILE after --ros-args):")
-        for spec in PARAMS:
-            print(f"  {spec.name} ({spec.type_name}, default {spec.ros_default!r}): {spec.description}")
-        return 0
-    rclpy.init(args=argv, signal_handler_options=SignalHandlerOptions.NO)
-    stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
-    executor = SingleThreadedExecutor()
-    node = OxygenNode()
-    executor.add_node(node)
-    failure: list[BaseException] = []
-
-    def spin() -> None:
-        try:
-            executor.spin()
-        except ExternalShutdownException:
-            pass
-        except BaseException as e:  # reported below, after an orderly shutdown
-            failure.append(e)
-        finally:
-            stop.set()
-
-    spinner = threading.Thread(target=spin, name="executor", daemon=True)
-    spinner.start()
-    while not stop.wait(0.2):  # short waits: the signal handler runs in this thread
-        pass
-    executor.shutdown(timeout_sec=30.0)
-    spinner.join(timeout=5.0)
-    node.release()
-    node.destroy_node()
-    rclpy.try_shutdown()
-    if failure:
-        traceback.print_exception(failure[0])
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
     sys.exit(main())

@@ -91,6 +91,20 @@ def _fit_schedule(cfg: TrainConfig, step: int, loop_s: float, elapsed_s: float) 
     return fitted if fitted < cfg.steps else None
 
 
+def _optimizer_step(model, object_head, opt, batch, cfg: TrainConfig, step: int, gen: torch.Generator) -> dict:
+    """One optimisation step at ``step``'s learning rate; returns the unweighted losses."""
+    for group in opt.param_groups:
+        group["lr"] = _lr(step, cfg)
+    losses = training_losses(model, batch, cfg.num_noise, gen, object_head)
+    loss = losses["action"] + cfg.object_weight * losses.get("objects", 0.0) + cfg.lang_weight * sum(
+        v for k, v in losses.items() if k not in ("action", "objects"))
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
+    opt.step()
+    return losses
+
+
 def train(cfg: TrainConfig, progress: bool = True) -> dict:
     """Run the whole recipe and save everything into ``cfg.out``; returns the training log."""
     t_start = time.perf_counter()
@@ -123,17 +137,9 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     bar = tqdm(total=cfg.steps, desc="train", disable=not progress)
     step = 0
     while step < cfg.steps:
-        for group in opt.param_groups:
-            group["lr"] = _lr(step, cfg)
         batch = make_batch(demos, rng.integers(0, len(demos), cfg.batch_size), tok, stats, model_cfg.action_dim,
                            token_cache)
-        losses = training_losses(model, batch, cfg.num_noise, gen, object_head)
-        loss = losses["action"] + cfg.object_weight * losses.get("objects", 0.0) + cfg.lang_weight * sum(
-            v for k, v in losses.items() if k not in ("action", "objects"))
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"]], 1.0)
-        opt.step()
+        losses = _optimizer_step(model, object_head, opt, batch, cfg, step, gen)
         for k, v in losses.items():
             running[k] = 0.9 * running.get(k, v.item()) + 0.1 * v.item()
         last = step == cfg.steps - 1

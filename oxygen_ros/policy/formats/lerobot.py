@@ -111,10 +111,7 @@ def _resolve_tokenizer(directory: Path, name: str, override: str) -> tuple[Path 
     return found, f"tokenizer {found} (recorded name {name!r})"
 
 
-def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -> tuple[PolicySpec, dict]:
-    """The spec of a LeRobot pi05 checkpoint and the model-config overrides it implies."""
-    cfg_path = directory / "config.json"
-    cfg: dict[str, Any] = read_json(cfg_path)
+def _check_options(cfg: dict, cfg_path: Path, options: SpecOptions) -> None:
     if cfg.get("type") != "pi05":
         raise PolicyConfigError(f"{cfg_path}: field 'type' is {cfg.get('type')!r}; only LeRobot 'pi05' is supported")
     for field, default in _UNSUPPORTED.items():
@@ -127,6 +124,10 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
     if options.normalization not in ("auto", "none"):
         raise PolicyConfigError(f"normalization: {options.normalization!r} cannot override a LeRobot checkpoint "
                                 "(its normalization_mapping decides); use auto or none")
+
+
+def _features(cfg: dict, cfg_path: Path) -> tuple[list[str], int | None]:
+    """The VISUAL feature keys in order and the state dim; any other input feature is refused."""
     features = cfg.get("input_features")
     if not isinstance(features, dict):
         raise PolicyConfigError(f"{cfg_path}: field 'input_features' missing or not an object")
@@ -141,10 +142,13 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
         else:
             raise PolicyConfigError(f"{cfg_path}: input_features.{key} (type {kind!r}) is not supported by pi05 "
                                     "inference here (only VISUAL cameras and observation.state)")
-    empty = int(cfg.get("empty_cameras", 0) or 0)
-    slots = [k.removeprefix(IMAGE_PREFIX) for k in cameras] + [f"empty_camera_{i}" for i in range(empty)]
-    if not slots:
+    if not cameras:
         raise PolicyConfigError(f"{cfg_path}: input_features has no VISUAL camera")
+    return cameras, state_dim
+
+
+def _chunking(cfg: dict, cfg_path: Path, image_size: int) -> tuple[int, int, int]:
+    """(action dims kept, chunk_size, n_action_steps), checked against each other and the model's image size."""
     try:
         action_dims = int(cfg["output_features"][ACTION_KEY]["shape"][0])
         chunk = int(cfg["chunk_size"])
@@ -155,10 +159,13 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
     if not 0 < n_exec <= chunk:
         raise PolicyConfigError(f"{cfg_path}: n_action_steps {n_exec} must be in 1..chunk_size ({chunk})")
     res = cfg.get("image_resolution", [224, 224])
-    if list(res) != [model_image_size, model_image_size]:
-        raise PolicyConfigError(f"{cfg_path}: image_resolution {res} != the model's {model_image_size}x"
-                                f"{model_image_size} image input")
+    if list(res) != [image_size, image_size]:
+        raise PolicyConfigError(f"{cfg_path}: image_resolution {res} != the model's {image_size}x{image_size} "
+                                "image input")
+    return action_dims, chunk, n_exec
 
+
+def _processors(directory: Path) -> tuple[dict[str, dict], dict[str, dict], Path, Path]:
     pre_path, post_path = directory / "policy_preprocessor.json", directory / "policy_postprocessor.json"
     for p in (pre_path, post_path):
         if not p.is_file():
@@ -167,28 +174,49 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
     pre, post = _steps(pre_path, _PRE_STEPS), _steps(post_path, _POST_STEPS)
     if "pi05_prepare_state_tokenizer_processor_step" not in pre or "tokenizer_processor" not in pre:
         raise PolicyConfigError(f"{pre_path}: needs the pi05 state/prompt step and the tokenizer step")
-    norm_step = pre.get("normalizer_processor")
-    unnorm_step = post.get("unnormalizer_processor")
-    if norm_step is None or unnorm_step is None:
-        raise PolicyConfigError(f"{pre_path if norm_step is None else post_path}: no (un)normalizer step")
-    state_norm = _feature_norm(norm_step, _stats_file(directory, norm_step, str(pre_path)), STATE_KEY, "STATE",
-                               f"{pre_path}:normalizer_processor", directory / str(norm_step.get("state_file")),
-                               options.normalization)
-    action_norm = _feature_norm(unnorm_step, _stats_file(directory, unnorm_step, str(post_path)), ACTION_KEY,
-                                "ACTION", f"{post_path}:unnormalizer_processor",
-                                directory / str(unnorm_step.get("state_file")), options.normalization)
-    if options.normalization == "none":
-        state_norm = action_norm = None
+    if "normalizer_processor" not in pre or "unnormalizer_processor" not in post:
+        missing = pre_path if "normalizer_processor" not in pre else post_path
+        raise PolicyConfigError(f"{missing}: no (un)normalizer step")
+    return pre, post, pre_path, post_path
 
-    delta_mask: tuple[bool, ...] = ()
+
+def _norms(directory: Path, pre: dict, post: dict, pre_path: Path, post_path: Path,
+           normalization: str) -> tuple[FeatureNorm | None, FeatureNorm | None]:
+    if normalization == "none":
+        return None, None
+    norm_step, unnorm_step = pre["normalizer_processor"], post["unnormalizer_processor"]
+    state = _feature_norm(norm_step, _stats_file(directory, norm_step, str(pre_path)), STATE_KEY, "STATE",
+                          f"{pre_path}:normalizer_processor", directory / str(norm_step.get("state_file")),
+                          normalization)
+    action = _feature_norm(unnorm_step, _stats_file(directory, unnorm_step, str(post_path)), ACTION_KEY, "ACTION",
+                           f"{post_path}:unnormalizer_processor", directory / str(unnorm_step.get("state_file")),
+                           normalization)
+    return state, action
+
+
+def _delta_mask(pre: dict, post: dict, where: str, action_dims: int) -> tuple[bool, ...]:
     rel = pre.get("relative_actions_processor", {}).get("config", {})
     absolute = post.get("absolute_actions_processor", {}).get("config", {})
-    if rel.get("enabled") or absolute.get("enabled"):
-        if not (rel.get("enabled") and absolute.get("enabled")):
-            raise PolicyConfigError(f"{pre_path} / {post_path}: relative_actions_processor and "
-                                    "absolute_actions_processor must be enabled together")
-        delta_mask = tuple(_relative_mask(action_dims, rel.get("exclude_joints") or [], rel.get("action_names")))
+    if not (rel.get("enabled") or absolute.get("enabled")):
+        return ()
+    if not (rel.get("enabled") and absolute.get("enabled")):
+        raise PolicyConfigError(f"{where}: relative_actions_processor and absolute_actions_processor must be "
+                                "enabled together")
+    return tuple(_relative_mask(action_dims, rel.get("exclude_joints") or [], rel.get("action_names")))
 
+
+def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -> tuple[PolicySpec, dict]:
+    """The spec of a LeRobot pi05 checkpoint and the model-config overrides it implies."""
+    cfg_path = directory / "config.json"
+    cfg: dict[str, Any] = read_json(cfg_path)
+    _check_options(cfg, cfg_path, options)
+    cameras, state_dim = _features(cfg, cfg_path)
+    empty = int(cfg.get("empty_cameras", 0) or 0)
+    slots = [k.removeprefix(IMAGE_PREFIX) for k in cameras] + [f"empty_camera_{i}" for i in range(empty)]
+    action_dims, chunk, n_exec = _chunking(cfg, cfg_path, model_image_size)
+    pre, post, pre_path, post_path = _processors(directory)
+    state_norm, action_norm = _norms(directory, pre, post, pre_path, post_path, options.normalization)
+    delta_mask = _delta_mask(pre, post, f"{pre_path} / {post_path}", action_dims)
     tok_cfg = pre["tokenizer_processor"].get("config", {})
     tokenizer, tok_note = _resolve_tokenizer(directory, str(tok_cfg.get("tokenizer_name", "")),
                                              options.tokenizer_path)

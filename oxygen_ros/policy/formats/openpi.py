@@ -80,47 +80,56 @@ def read_norm_stats(path: Path, mode: str) -> tuple[FeatureNorm | None, FeatureN
     return state, _norm(path, stats, "actions", mode)
 
 
+def _choose_asset(directory: Path, requested: str) -> str:
+    """The asset id: the requested one (must exist), else the only one present, else ''."""
+    assets = find_assets(directory)
+    if requested and requested not in assets:
+        raise PolicyConfigError(f"asset_id: {requested!r} has no {directory}/assets/{requested}/norm_stats.json "
+                                f"(found: {assets or 'none'})")
+    if not requested and len(assets) > 1:
+        raise PolicyConfigError(f"{directory}/assets: several norm stats {assets}; choose one with asset_id")
+    return requested or (assets[0] if assets else "")
+
+
+def _choose_config(requested: str, asset_id: str) -> OpenpiConfig:
+    if requested and requested not in OPENPI_CONFIGS:
+        raise PolicyConfigError(f"openpi_config: unknown {requested!r}; known: {', '.join(OPENPI_CONFIGS)}")
+    name = requested or next((c.name for c in OPENPI_CONFIGS.values() if c.asset_id and c.asset_id == asset_id),
+                             "generic")
+    return OPENPI_CONFIGS[name]
+
+
+def _norms(directory: Path, options: SpecOptions, asset_id: str) -> tuple[FeatureNorm | None, FeatureNorm | None,
+                                                                          str | None]:
+    """State and action normalisation (and a note saying from where), or (None, None, None) for ``none``."""
+    if options.normalization == "none":
+        return None, None, None
+    mode = {"auto": "quantiles", "quantile": "quantiles", "mean_std": "mean_std"}[options.normalization]
+    if options.norm_stats_path:
+        path = Path(options.norm_stats_path).expanduser()
+        return (*read_norm_stats(path, mode), f"norm stats {path} ({mode}, norm_stats_path)")
+    if not asset_id:
+        raise PolicyConfigError(f"{directory}: no assets/<asset_id>/norm_stats.json (openpi keeps the "
+                                "normalisation statistics there); set normalization: none to run unnormalised "
+                                "on purpose")
+    path = directory / "assets" / asset_id / "norm_stats.json"
+    return (*read_norm_stats(path, mode), f"norm stats {path} ({mode})")
+
+
 def read_openpi(directory: Path, options: SpecOptions, model_image_size: int) -> tuple[PolicySpec, dict]:
     """The spec of an openpi PyTorch checkpoint and the model-config overrides it implies."""
     cfg_path = directory / "config.json"
     cfg = read_json(cfg_path) if cfg_path.is_file() else {}
-    assets = find_assets(directory)
-    asset_id = options.asset_id
-    if asset_id and asset_id not in assets:
-        raise PolicyConfigError(f"asset_id: {asset_id!r} has no {directory}/assets/{asset_id}/norm_stats.json "
-                                f"(found: {assets or 'none'})")
-    if not asset_id and len(assets) > 1:
-        raise PolicyConfigError(f"{directory}/assets: several norm stats {assets}; choose one with asset_id")
-    if not asset_id and assets:
-        asset_id = assets[0]
-
-    name = options.openpi_config
-    if name and name not in OPENPI_CONFIGS:
-        raise PolicyConfigError(f"openpi_config: unknown {name!r}; known: {', '.join(OPENPI_CONFIGS)}")
-    if not name:
-        name = next((c.name for c in OPENPI_CONFIGS.values() if c.asset_id and c.asset_id == asset_id), "generic")
-    preset = OPENPI_CONFIGS[name]
-    notes = [f"openpi data transforms of {name}" + ("" if options.openpi_config else f" (from asset id {asset_id!r})")]
-
-    mode = {"auto": "quantiles", "quantile": "quantiles", "mean_std": "mean_std"}.get(options.normalization)
-    state_norm = action_norm = None
-    if options.normalization != "none" and options.norm_stats_path:
-        stats_path = Path(options.norm_stats_path).expanduser()
-        state_norm, action_norm = read_norm_stats(stats_path, mode)
-        notes.append(f"norm stats {stats_path} ({mode}, norm_stats_path)")
-    elif options.normalization != "none":
-        if not asset_id:
-            raise PolicyConfigError(f"{directory}: no assets/<asset_id>/norm_stats.json (openpi keeps the "
-                                    "normalisation statistics there); set normalization: none to run unnormalised "
-                                    "on purpose")
-        stats_path = directory / "assets" / asset_id / "norm_stats.json"
-        state_norm, action_norm = read_norm_stats(stats_path, mode)
-        notes.append(f"norm stats {stats_path} ({mode})")
-
+    asset_id = _choose_asset(directory, options.asset_id)
+    preset = _choose_config(options.openpi_config, asset_id)
+    notes = [f"openpi data transforms of {preset.name}"
+             + ("" if options.openpi_config else f" (from asset id {asset_id!r})")]
+    state_norm, action_norm, where = _norms(directory, options, asset_id)
+    notes += [where] if where else []
     horizon = cfg.get("action_horizon", preset.horizon)
     if horizon is None:
         raise PolicyConfigError(f"{cfg_path}: field 'action_horizon' missing (the converter writes it) and "
-                                f"openpi_config {name} has no default")
+                                f"openpi_config {preset.name} has no default")
     action_dims = preset.action_dims or (action_norm.dim if action_norm else None)
     if action_dims is None:
         raise PolicyConfigError(f"{directory}: cannot tell the action dims (no statistics, generic config); set "
