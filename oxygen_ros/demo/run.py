@@ -8,7 +8,7 @@ memory against the world's truth), then a final summary.
     python -m oxygen_ros.demo --no-node            # simulate and watch a node started elsewhere (ros2 launch ...)
     python -m oxygen_ros.demo --scene synthetic    # a tiny random model on a synthetic stream (timing only)
 
-The node runs as a child process (``python -m oxygen_ros.ros.node``, its log in a temporary file); this process hosts
+The node runs as a child process (``python -m oxygen_ros.ros``, its log in a temporary file); this process hosts
 the simulator node (:mod:`oxygen_ros.sim`; with ``--scene synthetic`` the scene of :mod:`oxygen_ros.world.synthetic`)
 and listens to the node's outputs over DDS. Presets are found by :func:`oxygen_ros.demo.config.find_config`.
 """
@@ -170,7 +170,7 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
     node = NodeProcess(config, overrides, domain_id=domain_id) if start_node else None
     if node is not None:
         node.start()
-        console.print(f"[bold]node[/] python -m oxygen_ros.ros.node ({config.name}), log: {node.log_path}",
+        console.print(f"[bold]node[/] python -m oxygen_ros.ros ({config.name}), log: {node.log_path}",
                       soft_wrap=True)
     console.print(f"[bold]watch it[/]: ROS_DOMAIN_ID={domain_id} ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST "
                   "ros2 topic echo /oxygen/language_output", soft_wrap=True)

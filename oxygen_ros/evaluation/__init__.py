@@ -10,18 +10,10 @@
 Names are loaded on first use, so importing one module (the replayer, say) does not load torch and the model.
 """
 
-from __future__ import annotations
+from oxygen_ros._lazy import lazy_exports
 
-import importlib
-from typing import Any
+_EXPORTS = {"evaluate_bag": "run", "REPORT_KEYS": "report", "PLOT_FILES": "plots", "write_plots": "plots",
+            "make_demo_bag": "demo_bag"}
 
 __all__ = ["PLOT_FILES", "REPORT_KEYS", "evaluate_bag", "make_demo_bag", "write_plots"]
-
-_WHERE = {"evaluate_bag": "run", "REPORT_KEYS": "report", "PLOT_FILES": "plots", "write_plots": "plots",
-          "make_demo_bag": "demo_bag"}
-
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,6 +1,6 @@
 """The node's process: ROS init, signal handling, the executor thread and an orderly shutdown.
 
-    python -m oxygen_ros.ros.node --ros-args --params-file config/tabletop.yaml     (or oxygen-node, ros2 run)
+    python -m oxygen_ros.ros --ros-args --params-file config/tabletop.yaml     (or oxygen-node, ros2 run)
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ __all__ = ["main"]
 
 
 def main(args: list[str] | None = None) -> int:
-    """Entry point of ``oxygen_node`` / ``python -m oxygen_ros.ros.node``; returns 0 on a clean shutdown.
+    """Entry point of ``oxygen_node`` / ``python -m oxygen_ros.ros``; returns 0 on a clean shutdown.
 
     SIGINT/SIGTERM are handled here rather than by rclpy (whose handler shuts the context down and destroys the
     node while callbacks may still run): stop the executor, wait for the running frame, release, then shut down.

@@ -1,7 +1,7 @@
 """The oxygen_ros lifecycle node: cameras, joint states and an instruction in; action chunks (published the moment
 they are denoised) and language outputs out, one engine frame per control tick.
 
-    python -m oxygen_ros.ros.node --ros-args --params-file config/tabletop.yaml
+    python -m oxygen_ros.ros --ros-args --params-file config/tabletop.yaml
     ros2 run oxygen_ros oxygen_node --ros-args --params-file <config.yaml> -p checkpoint_path:=/path/to/ckpt
 
 Topics (node name ``oxygen``; all names are relative, so a namespace or remapping moves them):
@@ -22,7 +22,6 @@ clock (``use_sim_time`` follows /clock during bag replay).
 from __future__ import annotations
 
 import gc
-import sys
 import threading
 import time
 import traceback
@@ -49,7 +48,7 @@ from .observation_builder import BuiltObservation, InputStore, ObservationBuilde
 from .params import PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
 
-__all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode", "main"]
+__all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
 
 NODE_NAME = "oxygen"
 ACTION_TOPIC = "~/action_chunk"
@@ -361,8 +360,3 @@ class OxygenNode(LifecycleNode):
 
         return wrapped
 
-
-if __name__ == "__main__":  # python -m oxygen_ros.ros.node
-    from oxygen_ros.ros.main import main
-
-    sys.exit(main())

@@ -6,25 +6,13 @@ due, chunk validation) and :mod:`.scoring` (episode records, counters, memory tr
 rclpy and the built messages.
 """
 
-from __future__ import annotations
+from oxygen_ros._lazy import lazy_exports
 
-import importlib
-from typing import Any
-
-_MODULES = {
+_EXPORTS = {
     "TabletopSimNode": "node", "main": "node",
     "aligned_actions": "chunks", "chunk_problem": "chunks", "chunk_start_index": "chunks",
     "EpisodeRecord": "scoring", "MemoryTruth": "scoring", "SimCounters": "scoring",
 }
 
-__all__ = sorted(_MODULES)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _MODULES:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(f".{_MODULES[name]}", __name__), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_MODULES))
+__all__ = sorted(_EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,6 +1,6 @@
 """Start an oxygen node (or another node module) as a child process on its own ROS domain (:class:`NodeProcess`).
 
-Nothing here imports ROS: the child is ``python -m oxygen_ros.ros.node --ros-args --params-file <file> -p ...``, so
+Nothing here imports ROS: the child is ``python -m oxygen_ros.ros --ros-args --params-file <file> -p ...``, so
 it works from a source checkout, a pip install or a colcon install alike (the interpreter defaults to this one).
 """
 
@@ -48,7 +48,7 @@ def ros_env(domain_id: int, base: Mapping[str, str] | None = None) -> dict[str, 
 
 
 class NodeProcess:
-    """``python -m oxygen_ros.ros.node`` (or another node ``module``) as a child process; its output goes to a log
+    """``python -m oxygen_ros.ros`` (or another node ``module``) as a child process; its output goes to a log
     file.
 
     Args:
@@ -65,7 +65,7 @@ class NodeProcess:
 
     def __init__(self, params_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                  remaps: Mapping[str, str] | None = None, domain_id: int = 0, log_path: str | Path | None = None,
-                 python: str = sys.executable, module: str = "oxygen_ros.ros.node",
+                 python: str = sys.executable, module: str = "oxygen_ros.ros",
                  cwd: str | Path | None = None) -> None:
         self.cmd = [python, "-m", module, "--ros-args"]
         if params_file is not None:
