@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from oxygen_ros.ros.stamps import duration_s
 from oxygen_ros.testing.probe import Probe, header_ns
 from oxygen_ros.testing.process import NodeProcess
 
@@ -63,7 +64,7 @@ class DemoSummary:
 
 
 def _ms(duration: Any) -> float:
-    return duration.sec * 1e3 + duration.nanosec / 1e6
+    return duration_s(duration) * 1e3
 
 
 def _window(probe: Probe, seconds: float) -> tuple[int, int, int]:

@@ -25,6 +25,8 @@ from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPo
 from rosbags.highlevel import AnyReader
 from rosgraph_msgs.msg import Clock
 
+from oxygen_ros.ros.stamps import time_msg
+
 __all__ = ["CLOCK_TOPIC", "DEFAULT_LATCHED", "BagReplayer", "ReplayStats", "message_class"]
 
 CLOCK_TOPIC = "/clock"
@@ -172,8 +174,7 @@ class BagReplayer:
         return not self._stop.is_set() and self._context.ok() and (deadline is None or time.monotonic() < deadline)
 
     def _publish_clock(self, stamp_ns: int, stats: ReplayStats) -> None:
-        msg = Clock()
-        msg.clock.sec, msg.clock.nanosec = divmod(int(stamp_ns), 1_000_000_000)
+        msg = Clock(clock=time_msg(stamp_ns))
         self._clock_pub.publish(msg)
         stats.clock_published += 1
 

@@ -26,7 +26,7 @@ from .diagnostics import ReasonCounter
 from .image_conversion import SUPPORTED_ENCODINGS, ImageError, compressed_msg_to_array, image_msg_to_array
 from .stamps import stamp_to_ns
 
-__all__ = ["BuiltObservation", "CameraImage", "InputStore", "ObservationBuilder", "Skip", "stamp_to_ns"]
+__all__ = ["BuiltObservation", "CameraImage", "InputStore", "ObservationBuilder", "Skip"]
 
 
 @dataclass

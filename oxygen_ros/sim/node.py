@@ -35,8 +35,7 @@ from std_msgs.msg import String
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.ros.image_conversion import array_to_image_msg
-from oxygen_ros.ros.observation_builder import stamp_to_ns
-from oxygen_ros.ros.publishers import time_msg
+from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 
 from .chunks import aligned_actions, chunk_problem
@@ -187,7 +186,7 @@ class TabletopSimNode(Node):
         if stamp < self._episode_start_ns or self.world.done:
             self.counters.stale_chunks += 1  # planned for the previous episode, or nothing left to do
             return
-        dt_ns = int(msg.dt.sec) * 1_000_000_000 + int(msg.dt.nanosec) or self.period_ns
+        dt_ns = stamp_to_ns(msg.dt) or self.period_ns
         self._queue = deque(aligned_actions(actions, horizon, dim, len(JOINT_NAMES), stamp, self._now_ns(), dt_ns))
         self.counters.chunks += 1
         self._episode_chunks += 1

@@ -26,8 +26,7 @@ from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.ros.image_conversion import array_to_image_msg
-from oxygen_ros.ros.observation_builder import stamp_to_ns
-from oxygen_ros.ros.publishers import time_msg
+from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.world.synthetic import joint_state, render_scene
 
 __all__ = ["Probe", "Received", "chunk_array", "header_ns", "joint_state_msg"]

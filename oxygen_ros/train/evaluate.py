@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
+from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult
 from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import PreparedObservation, RawObservation, load_policy
@@ -191,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", type=Path, default=TOY_MODEL_DIR, help="model directory")
     ap.add_argument("--episodes", type=int, default=100)
-    ap.add_argument("--mode", default="oxygen", choices=["oxygen", "shared_kv", "isolated", "parallel"])
+    ap.add_argument("--mode", default="oxygen", choices=ENGINE_MODES)
     ap.add_argument("--first-seed", type=int, default=EVAL_FIRST_SEED)
     ap.add_argument("--k", type=int, default=5, help="per-frame decode budget (oxygen)")
     ap.add_argument("--max-new-tokens", type=int, default=16)
