@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 from collections import deque
 from dataclasses import asdict
 from typing import Any
@@ -93,6 +94,8 @@ class TabletopSimNode(Node):
         self.create_subscription(LanguageOutput, str(get("language_topic").value), self._on_language, 10)
         self.started = False
         self._episode_start_ns = 0
+        self._tick_lock = threading.Lock()
+        self._closed = False
         self._timer = self.create_timer(1.0 / rate, self._tick)
         if bool(get("autostart").value):
             self.start()
@@ -136,7 +139,19 @@ class TabletopSimNode(Node):
         self.get_logger().info(f"episode {record.episode} {'succeeded' if record.success else 'failed'} in "
                                f"{record.steps} steps ({self.counters.successes}/{self.counters.episodes} tasks done)")
 
+    def destroy_node(self) -> None:
+        """Stop ticking first: an executor thread may still be inside a tick when a host destroys the node."""
+        with self._tick_lock:
+            self._closed = True
+            self.destroy_timer(self._timer)
+        super().destroy_node()
+
     def _tick(self) -> None:
+        with self._tick_lock:
+            if not self._closed:
+                self._step_world()
+
+    def _step_world(self) -> None:
         now = self._now_ns()
         if not self.started or self.finished:
             return
