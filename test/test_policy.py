@@ -74,6 +74,10 @@ def test_lerobot_dev_fixture_actions_match_lerobot() -> None:
         assert actions.dtype == np.float32 and actions.shape == (10, 14)
         err = np.abs(actions - expected["actions"][s].numpy()) / std
         assert err.max() <= 1e-4, (s, err.max())
+        # the same observation as a LeRobot dataset gives it: CHW float images in [0, 1]
+        as_float = {k: v.transpose(2, 0, 1).astype(np.float32) / 255 for k, v in images.items()}
+        floated = policy.prepare(RawObservation(as_float, raw.state, raw.task))
+        assert torch.equal(floated.observation.images, prepared.observation.images)
 
 
 @needs_lerobot_dev

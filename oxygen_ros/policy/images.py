@@ -19,8 +19,9 @@ from PIL import Image
 __all__ = ["as_hwc_uint8", "assemble_slots", "image_to_model", "pixels_to_model"]
 
 
-def as_hwc_uint8(image: np.ndarray, name: str = "image") -> np.ndarray:
-    """An RGB image as uint8 [H, W, 3]: CHW is transposed, float images in [0, 1] are scaled (openpi's rule).
+def as_hwc_uint8(image: np.ndarray, name: str = "image", keep_float: bool = False) -> np.ndarray:
+    """An RGB image as uint8 [H, W, 3]: CHW is transposed, float images in [0, 1] are scaled to uint8 (openpi's
+    rule), or kept as float32 with ``keep_float`` (LeRobot feeds float images to its resize unquantised).
 
     Raises:
         ValueError: not an RGB image.
@@ -33,7 +34,7 @@ def as_hwc_uint8(image: np.ndarray, name: str = "image") -> np.ndarray:
     if np.issubdtype(img.dtype, np.floating):
         if not np.all(np.isfinite(img)):
             raise ValueError(f"{name}: image contains NaN or Inf")
-        img = (255 * img).astype(np.uint8)
+        img = img.astype(np.float32) if keep_float else (255 * img).astype(np.uint8)
     elif img.dtype != np.uint8:
         raise ValueError(f"{name}: expected uint8 or float pixels, got {img.dtype}")
     return np.ascontiguousarray(img)
@@ -72,7 +73,8 @@ def pixels_to_model(images: np.ndarray) -> torch.Tensor:
 
 
 def image_to_model(image: np.ndarray, size: int, resize: str) -> np.ndarray:
-    """uint8 RGB [H, W, 3] -> float32 [3, size, size] in [-1, 1] per the ``resize`` convention.
+    """RGB [H, W, 3] (uint8; float32 in [0, 1] for torch_bilinear) -> float32 [3, size, size] in [-1, 1] per the
+    ``resize`` convention.
 
     Raises:
         ValueError: an image so elongated that one side would shrink to 0 pixels.
@@ -84,7 +86,8 @@ def image_to_model(image: np.ndarray, size: int, resize: str) -> np.ndarray:
     if resize == "pil_bilinear":
         return pixels_to_model(_pil_resize_with_pad(image, size)).numpy()
     if resize == "torch_bilinear":
-        x = torch.from_numpy(image).to(torch.float32) / 255
+        x = torch.from_numpy(np.array(image, copy=True))
+        x = x.to(torch.float32) / 255 if x.dtype == torch.uint8 else x.to(torch.float32)
         x = _torch_resize_with_pad(x.permute(2, 0, 1)[None], size)
         return (x * 2.0 - 1.0)[0].contiguous().numpy()
     raise ValueError(f"unknown image resize convention {resize!r}")

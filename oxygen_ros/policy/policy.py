@@ -45,8 +45,8 @@ SIZES_SIDECAR = "tiny_dims.json"  # model sizes beside a test checkpoint (LeRobo
 class RawObservation:
     """One robot observation as the robot has it.
 
-    images: camera slot name (or LeRobot key ``observation.images.<slot>``) -> uint8 RGB [H, W, 3] (or [3, H, W])
-        at the camera's native size; a missing slot is simply absent.
+    images: camera slot name (or LeRobot key ``observation.images.<slot>``) -> RGB [H, W, 3] or [3, H, W] at the
+        camera's native size, uint8 or float in [0, 1]; a missing slot is simply absent.
     state: raw state in robot units (the checkpoint's state order).
     task: the instruction text, uncleaned.
     """
@@ -81,7 +81,8 @@ class Policy:
 
     def convert_image(self, image: np.ndarray, name: str = "image") -> np.ndarray:
         """One raw camera image -> float32 [3, S, S] in [-1, 1] with the checkpoint's resize convention."""
-        return image_to_model(as_hwc_uint8(image, name), self.spec.image_size, self.spec.image_resize)
+        keep_float = self.spec.image_resize == "torch_bilinear"
+        return image_to_model(as_hwc_uint8(image, name, keep_float), self.spec.image_size, self.spec.image_resize)
 
     def prepare(self, raw: RawObservation, converted: Mapping[str, np.ndarray] | None = None) -> PreparedObservation:
         """Raw observation -> model input, exactly as the checkpoint's framework prepares it.
