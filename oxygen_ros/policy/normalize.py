@@ -32,20 +32,18 @@ STATS_NEEDED = {"identity": (), "mean_std": ("mean", "std"), "quantiles": ("q01"
 
 def normalize(x: np.ndarray, norm: FeatureNorm | None) -> np.ndarray:
     """Robot units -> model space."""
-    if norm is None or norm.mode == "identity":
-        return np.asarray(x)
-    if norm.convention == "lerobot":
-        return _lerobot(x, norm, inverse=False)
-    return _openpi(x, norm, inverse=False)
+    return _apply(x, norm, inverse=False)
 
 
 def unnormalize(x: np.ndarray, norm: FeatureNorm | None) -> np.ndarray:
     """Model space -> robot units."""
+    return _apply(x, norm, inverse=True)
+
+
+def _apply(x: np.ndarray, norm: FeatureNorm | None, inverse: bool) -> np.ndarray:
     if norm is None or norm.mode == "identity":
         return np.asarray(x)
-    if norm.convention == "lerobot":
-        return _lerobot(x, norm, inverse=True)
-    return _openpi(x, norm, inverse=True)
+    return (_lerobot if norm.convention == "lerobot" else _openpi)(x, norm, inverse)
 
 
 def _openpi(x: np.ndarray, norm: FeatureNorm, inverse: bool) -> np.ndarray:
