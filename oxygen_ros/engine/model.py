@@ -64,6 +64,17 @@ class _PaliGemmaWithExpert(nn.Module):
         self.gemma_expert = _GemmaExpert(cfg)
 
 
+def _euler_times(num_steps: int, schedule: str) -> list[float]:
+    dt = -1.0 / num_steps
+    if schedule == "exact":  # LeRobot: float32(1 + k * dt), computed in float64
+        return [float(torch.tensor(1.0 + k * dt, dtype=torch.float32)) for k in range(num_steps)]
+    times, t, step = [], torch.tensor(1.0, dtype=torch.float32), torch.tensor(dt, dtype=torch.float32)
+    for _ in range(num_steps):  # openpi: t += dt, accumulated in float32
+        times.append(float(t))
+        t = t + step
+    return times
+
+
 @dataclass(frozen=True)
 class HeadParts:
     """One flow-matching action expert: its Gemma stack and projections (see heads.py for extra experts)."""
@@ -156,15 +167,12 @@ class Pi05Model(nn.Module):
         return F.linear(hidden, self.paligemma_with_expert.paligemma.lm_head.weight)
 
     def denoise_times(self, num_steps: int) -> list[float]:
-        """The S flow-matching times t_0 = 1 > ... > t_{S-1}, as float32 values, per ``config.time_schedule``."""
-        dt = -1.0 / num_steps
-        if self.config.time_schedule == "exact":  # LeRobot: float32(1 + k * dt), computed in float64
-            return [float(torch.tensor(1.0 + k * dt, dtype=torch.float32)) for k in range(num_steps)]
-        times, t, step = [], torch.tensor(1.0, dtype=torch.float32), torch.tensor(dt, dtype=torch.float32)
-        for _ in range(num_steps):  # openpi: t += dt, accumulated in float32
-            times.append(float(t))
-            t = t + step
-        return times
+        """The S flow-matching times t_0 = 1 > ... > t_{S-1}, as float32 values, per ``config.time_schedule``
+        (computed once per S: the denoise loop asks every frame)."""
+        cache = self.__dict__.setdefault("_denoise_times", {})
+        if num_steps not in cache:
+            cache[num_steps] = _euler_times(num_steps, self.config.time_schedule)
+        return cache[num_steps]
 
     # ------------------------------------------------------------------------------------------ layer pieces
     def _qkv(self, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
