@@ -243,6 +243,7 @@ class Pi05Model(nn.Module):
             raise ValueError("cache too short for the action scratch")
         if noise is None:
             noise = torch.randn(b, h_len, head.action_in_proj.in_features, device=self.device)
+        noise = noise.to(self.device)  # callers may draw it on the CPU (seeded per frame)
         dev = noise.device
         positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
         cos, sin = self._rope(positions)
