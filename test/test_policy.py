@@ -391,3 +391,25 @@ def test_presets_fit_the_public_openpi_checkpoints(preset: str, tmp_path: Path) 
     assert any(spec.delta_mask) == (preset == "aloha")
     with pytest.raises(ValueError, match="action_horizon: 3 but the checkpoint denoises chunks of"):
         load_node_policy(validate({**values, "checkpoint_path": str(ckpt), "device": "cpu", "action_horizon": 3}))
+
+
+def test_libero_preset_fits_a_lerobot_libero_checkpoint(tmp_path: Path) -> None:
+    """LeRobot's LIBERO fine-tunes name their cameras after the dataset (image, image2), chunk 50, execute 10: the
+    preset takes the cameras from the checkpoint and feeds its two topics to them in order."""
+    import yaml
+
+    from oxygen_ros.ros.model_loader import load_node_policy
+    from oxygen_ros.ros.params import validate
+
+    model = make_model(get_config("tiny", max_token_len=64, action_dim=32), seed=8)
+    ckpt = write_lerobot(tmp_path, model, cameras=["image", "image2"], state_dim=8, action_dim=7, chunk_size=50,
+                         n_action_steps=10)
+    repo = Path(__file__).resolve().parents[1]
+    values = yaml.safe_load((repo / "config" / "libero.yaml").read_text())["/**"]["ros__parameters"]
+    loaded = load_node_policy(validate({**values, "checkpoint_path": str(ckpt), "device": "cpu"}))
+    p = loaded.params
+    assert p.camera_names == ("image", "image2") and p.camera_topic(0) == values["camera_topics"][0]
+    assert (loaded.policy.spec.chunk_size, loaded.policy.spec.n_action_steps, len(loaded.action_names)) == (50, 10, 7)
+    with pytest.raises(ValueError, match="camera_topics: 1 entries for the 2 cameras"):
+        load_node_policy(validate({**values, "checkpoint_path": str(ckpt), "device": "cpu",
+                                   "camera_topics": ["/only"], "camera_compressed": []}))

@@ -142,6 +142,10 @@ def _reconcile(p: NodeParams, policy: Policy) -> tuple[NodeParams, tuple[str, ..
                          f"{list(spec.camera_slots)}")
     if len(cameras) > len(spec.camera_slots):
         raise ValueError(f"camera_names: {len(cameras)} cameras but the model has {len(spec.camera_slots)} slots")
+    for name in ("camera_topics", "camera_compressed"):
+        if getattr(p, name) and len(getattr(p, name)) != len(cameras):
+            raise ValueError(f"{name}: {len(getattr(p, name))} entries for the {len(cameras)} cameras "
+                             f"{list(cameras)} (camera_names {'as set' if p.camera_names else 'from the checkpoint'})")
     if spec.state_dim is not None and len(p.joint_names) != spec.state_dim:
         raise ValueError(f"joint_names: {len(p.joint_names)} joints but the checkpoint's state has "
                          f"{spec.state_dim} dims")

@@ -140,11 +140,12 @@ class NodeParams:
         'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
     # --- inputs
     camera_names: tuple[str, ...] = param((),
-        'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb); [] = all slots of the '
-        'model. Slots not listed are masked out.')
+        'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '
+        'observation.images.); [] = the cameras the checkpoint expects, in its order. Slots not listed are '
+        'masked out.')
     camera_topics: tuple[str, ...] = param((),
-        'One image topic per camera_names entry; [] = /cameras/<name>/image_raw (+ /compressed for compressed'
-        ' cameras).')
+        'One image topic per camera (camera_names, or the checkpoint\'s cameras when that is empty); [] = '
+        '/cameras/<name>/image_raw (+ /compressed for compressed cameras).')
     camera_compressed: tuple[bool, ...] = param((),
         'Per camera: subscribe sensor_msgs/CompressedImage instead of Image; [] = all raw.')
     camera_reliability: str = param('best_effort',
@@ -274,10 +275,10 @@ def _cross_problems(p: Mapping[str, Any]) -> list[str]:
         problems.append(f"camera_names: duplicates in {list(cams)}")
     if any(not c for c in cams):
         problems.append("camera_names: empty name")
-    if p["camera_topics"] and len(p["camera_topics"]) != len(cams):
+    if cams and p["camera_topics"] and len(p["camera_topics"]) != len(cams):
         problems.append(f"camera_topics: {len(p['camera_topics'])} topics for {len(cams)} camera_names "
                         "(give one topic per camera, or none for the default pattern; camera_names must be set)")
-    if p["camera_compressed"] and len(p["camera_compressed"]) != len(cams):
+    if cams and p["camera_compressed"] and len(p["camera_compressed"]) != len(cams):
         problems.append(f"camera_compressed: {len(p['camera_compressed'])} flags for {len(cams)} camera_names")
     if any(not t for t in p["camera_topics"]):
         problems.append("camera_topics: empty topic name")
