@@ -17,7 +17,8 @@ setup(
     data_files=[
         ("share/ament_index/resource_index/packages", [f"resource/{package_name}"]),
         (f"share/{package_name}", ["package.xml"]),
-        (f"share/{package_name}/config", sorted(glob("config/*.yaml"))),  # the presets (demo, launch)
+        # the presets (demo, launch) and the Fast DDS profile (oxygen_ros.ros.dds)
+        (f"share/{package_name}/config", sorted(glob("config/*.yaml") + glob("config/*.xml"))),
         (f"share/{package_name}/launch", sorted(glob("launch/*.py"))),
     ],
     # the model's files only: training logs and curves stay in the repository (runs/train_toy/)
@@ -43,6 +44,7 @@ setup(
             "oxygen-replay-bag = oxygen_ros.evaluation.cli:replay_bag_main",
             "oxygen-evaluate-bag = oxygen_ros.evaluation.cli:main",
             "oxygen-sim = oxygen_ros.sim.node:main",
+            "oxygen-launch = oxygen_ros.tools.launch_file:main",
             "oxygen-demo = oxygen_ros.demo.run:main",
             "oxygen-train-toy = oxygen_ros.train.train:main",
             "oxygen-evaluate-toy = oxygen_ros.train.evaluate:main",

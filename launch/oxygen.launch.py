@@ -10,21 +10,34 @@
     # bag replay: follow /clock
     ros2 launch oxygen_ros oxygen.launch.py use_sim_time:=true
 
-Arguments: config_file, checkpoint_path (overrides the file's when set), use_sim_time, namespace, node_name,
+(In the venv of ``make setup``, where there is no ros2cli: ``. tools/ros_env.sh`` then ``oxygen-launch`` with the same
+arguments.)
+
+Arguments: config_file, checkpoint_path (replaces the file's model when set), use_sim_time, namespace, node_name,
 autostart, trajectory_topic (where ~/trajectory is remapped to), log_level, with_sim (also start the tabletop
-simulator node, ``tabletop_sim``, that publishes the cameras, joint states and instruction and executes the chunks).
+simulator node, ``tabletop_sim``, that publishes the cameras, joint states and instruction and executes the chunks),
+dds_profile (the Fast DDS profile for the started processes).
+
+Every name is relative, so the file can be included under ``PushRosNamespace``: the node, and with ``with_sim`` the
+simulator, live in the including namespace (plus ``namespace``), and the simulator is wired to the node's relative
+outputs and inputs. With ``with_sim`` and ``use_sim_time`` the simulator owns the time: it publishes a simulated
+``/clock`` (``publish_clock``) that the node follows. The processes are started in a scoped group: the DDS profile's
+environment variables do not leak into an including launch description.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from launch.actions import DeclareLaunchArgument, OpaqueFunction
+from launch.actions import DeclareLaunchArgument, GroupAction, LogInfo, OpaqueFunction, SetEnvironmentVariable
 from launch.launch_context import LaunchContext
 from launch.launch_description import LaunchDescription
 from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import LifecycleNode, Node
 from launch_ros.substitutions import FindPackageShare
+
+from oxygen_ros.ros.dds import PROFILE_FILE_NAME, dds_profile_environment
+from oxygen_ros.world import CAMERAS as SIM_CAMERAS  # the tabletop simulator's cameras
 
 PACKAGE = "oxygen_ros"
 EXECUTABLE = "oxygen_node"
@@ -42,7 +55,11 @@ ARGUMENTS: list[tuple[str, Any, str]] = [
     ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
      "where ~/trajectory is remapped to (ros2_control's joint_trajectory_controller input)"),
     ("log_level", "info", "ROS log level of the node"),
-    ("with_sim", "false", "also start the tabletop simulator (tabletop_sim) as the robot: closed-loop demo"),
+    ("with_sim", "false", "also start the tabletop simulator (tabletop_sim) as the robot: closed-loop demo (the "
+     "node's cameras are wired to the simulator's; with use_sim_time the simulator publishes /clock)"),
+    ("dds_profile", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", PROFILE_FILE_NAME]),
+     "Fast DDS profile for the started processes (sized for raw camera images); '' = none; a profile that the "
+     "environment already names (FASTDDS_DEFAULT_PROFILES_FILE) is kept"),
 ]
 
 
@@ -57,8 +74,8 @@ def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_s
                 namespace: str = "", node_name: str = "oxygen", autostart: bool = True,
                 trajectory_topic: str = "/joint_trajectory_controller/joint_trajectory", log_level: str = "info",
                 extra_parameters: dict[str, Any] | None = None, **kwargs: Any) -> LifecycleNode:
-    """The node action with plain values (also used by test/test_launch.py). ``extra_parameters`` override the
-    config file; ``kwargs`` go to the action (e.g. ``cached_output``, ``additional_env``, ``output``)."""
+    """The node action with plain values (for launch files that build it themselves). ``extra_parameters`` override
+    the config file; ``kwargs`` go to the action (e.g. ``cached_output``, ``additional_env``, ``output``)."""
     overrides: dict[str, Any] = {**(extra_parameters or {}), "use_sim_time": use_sim_time, "autostart": autostart}
     if checkpoint_path:  # a checkpoint named on the command line replaces the config's embedded model
         overrides.update(checkpoint_path=checkpoint_path, model="")
@@ -84,32 +101,49 @@ def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_s
     )
 
 
-def tabletop_sim(node_name: str = "oxygen", namespace: str = "", use_sim_time: bool = False,
+def sim_wiring() -> dict[str, Any]:
+    """Node parameters that take the simulator's cameras, by names relative to the node's namespace (the
+    simulator publishes ``cameras/<camera>/image_raw`` in the same namespace)."""
+    return {"camera_names": list(SIM_CAMERAS), "camera_topics": [f"cameras/{c}/image_raw" for c in SIM_CAMERAS]}
+
+
+def tabletop_sim(node_name: str = "oxygen", namespace: str = "", publish_clock: bool = False,
                  **kwargs: Any) -> Node:
-    """The tabletop simulator node wired to the oxygen node's outputs (``/<namespace>/<node_name>/...``)."""
-    prefix = "/" + "/".join(part for part in (namespace.strip("/"), node_name) if part)
+    """The tabletop simulator node in the oxygen node's namespace, wired to its outputs by relative names
+    (``<node_name>/action_chunk``, ``<node_name>/language_output``), so both move with an including namespace.
+    ``publish_clock``: the simulator publishes its simulated time on /clock (it never uses sim time itself)."""
     kwargs.setdefault("output", "screen")
     return Node(package=PACKAGE, executable="tabletop_sim", name="tabletop_sim", namespace=namespace,
-                parameters=[{"chunk_topic": f"{prefix}/action_chunk", "language_topic": f"{prefix}/language_output",
-                             "use_sim_time": use_sim_time}], **kwargs)
+                parameters=[{"chunk_topic": f"{node_name}/action_chunk",
+                             "language_topic": f"{node_name}/language_output",
+                             "publish_clock": publish_clock, "use_sim_time": False}], **kwargs)
 
 
-def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[LifecycleNode | Node]:
+def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[GroupAction]:
     def value(name: str) -> str:
         return LaunchConfiguration(name).perform(context)
 
-    sim = [tabletop_sim(value("node_name"), value("namespace"), _as_bool(value("use_sim_time")))] \
-        if _as_bool(value("with_sim")) else []
-    return sim + [oxygen_node(
+    with_sim, use_sim_time = _as_bool(value("with_sim")), _as_bool(value("use_sim_time"))
+    dds_env, dds_reason = dds_profile_environment(value("dds_profile"), context.environment)
+    actions: list[Any] = [LogInfo(msg=f"oxygen.launch.py: {dds_reason}")]
+    actions += [SetEnvironmentVariable(name, text) for name, text in dds_env.items()]
+    if with_sim:
+        if use_sim_time:
+            actions.append(LogInfo(msg="oxygen.launch.py: with_sim + use_sim_time: the simulator publishes its "
+                                       "simulated time on /clock and the node follows it"))
+        actions.append(tabletop_sim(value("node_name"), value("namespace"), publish_clock=use_sim_time))
+    actions.append(oxygen_node(
         config_file=value("config_file") or None,
         checkpoint_path=value("checkpoint_path"),
-        use_sim_time=_as_bool(value("use_sim_time")),
+        use_sim_time=use_sim_time,
         namespace=value("namespace"),
         node_name=value("node_name"),
         autostart=_as_bool(value("autostart")),
         trajectory_topic=value("trajectory_topic"),
         log_level=value("log_level"),
-    )]
+        extra_parameters=sim_wiring() if with_sim else None,
+    ))
+    return [GroupAction(actions, scoped=True, forwarding=True)]  # the environment set here stays in the group
 
 
 def generate_launch_description() -> LaunchDescription:

@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
-import pytest
-import torch
+# Importing `launch` (the launch_pytest plugin does, when installed) makes every logger created afterwards
+# non-propagating (launch.logging.LaunchLogger), which would hide the package's log records from pytest's caplog.
+logging.setLoggerClass(logging.Logger)
+for _name, _logger in logging.root.manager.loggerDict.items():
+    if _name.startswith("oxygen_ros") and isinstance(_logger, logging.Logger):
+        _logger.propagate = True
 
-from oxygen_ros.engine import Observation, Pi05Config, Pi05Model, get_config
-from oxygen_ros.engine.checkpoint import init_random_weights
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from oxygen_ros.engine import Observation, Pi05Config, Pi05Model, get_config  # noqa: E402
+from oxygen_ros.engine.checkpoint import init_random_weights  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 

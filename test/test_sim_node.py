@@ -24,6 +24,7 @@ from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
+from rosgraph_msgs.msg import Clock  # noqa: E402
 from sensor_msgs.msg import Image, JointState  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
@@ -31,6 +32,7 @@ from oxygen_ros.ros.image_conversion import image_msg_to_array  # noqa: E402
 from oxygen_ros.ros.publishers import make_action_chunk  # noqa: E402
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg  # noqa: E402
 from oxygen_ros.sim import TabletopSimNode, chunk_start_index  # noqa: E402
+from oxygen_ros.sim.node import SIM_CLOCK_START_NS  # noqa: E402
 from oxygen_ros.world import CAMERAS, JOINT_NAMES, expert_chunk  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
@@ -186,3 +188,33 @@ def test_malformed_and_stale_chunks_are_counted_not_executed(world: World) -> No
     world.chunk_pub.publish(make_action_chunk(good, world.sim.get_clock().now().nanoseconds, 5, JOINT_NAMES,
                                               0.025, 0.0))
     assert world.wait_for(lambda: world.sim.world.steps > 0, 10)  # still alive and executing
+
+
+def test_publish_clock_owns_the_time() -> None:
+    """publish_clock: a simulated clock on /clock, one step period per step from 1 s, stamping the observations."""
+    w = World(publish_clock=True)
+    clocks: list[int] = []
+    w.node.create_subscription(Clock, "/clock", lambda m: w._append(clocks, stamp_to_ns(m.clock)), 50)
+    try:
+        assert w.connected(), "discovery failed"
+        w.sim.start()
+        assert w.wait_for(lambda: len(w.joints) >= 5 and len(clocks) >= 5, 10), (len(w.joints), clocks)
+        period = w.sim.period_ns
+        with w.lock:
+            ticks, stamps = sorted(set(clocks)), [stamp_to_ns(j.header.stamp) for j in w.joints]
+        grid = set(range(SIM_CLOCK_START_NS, ticks[-1] + period + 1, period))
+        assert set(ticks) <= grid and set(stamps) <= grid, (ticks, stamps)
+        assert max(stamps) < SIM_CLOCK_START_NS + 10**12  # simulated seconds, not the wall clock
+    finally:
+        w.close()
+
+
+def test_publish_clock_refuses_sim_time() -> None:
+    context = Context()
+    rclpy.init(context=context, domain_id=DOMAIN)
+    try:
+        with pytest.raises(ValueError, match="publish_clock and use_sim_time"):
+            TabletopSimNode(context=context, parameter_overrides=[Parameter("publish_clock", value=True),
+                                                                  Parameter("use_sim_time", value=True)])
+    finally:
+        rclpy.try_shutdown(context=context)

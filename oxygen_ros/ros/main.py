@@ -62,6 +62,11 @@ def main(args: list[str] | None = None) -> int:
     node.release()
     node.destroy_node()
     rclpy.try_shutdown()
+    # Shut down: a further SIGINT/SIGTERM (a terminal's Ctrl-C reaches every process of the group and `ros2 launch`
+    # forwards it once more) must not kill the exiting interpreter, whose finalisation resets Python-function
+    # handlers to the default action (exit by signal, -2, instead of 0).
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     if failure:
         traceback.print_exception(failure[0])
         return 1

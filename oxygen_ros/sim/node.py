@@ -2,13 +2,15 @@
 
     python -m oxygen_ros.sim [--ros-args -p seed:=1000000 -p step_rate_hz:=20.0]
 
-Topics (relative names, remappable):
-  out  /cameras/<camera>/image_raw  sensor_msgs/Image rgb8, one per world camera, every step
+Topics (relative names, remappable; under a namespace they all move with it):
+  out  cameras/<camera>/image_raw   sensor_msgs/Image rgb8, one per world camera, every step
   out  joint_states                 sensor_msgs/JointState (ee_x, ee_y, ee_z, gripper), same stamp as the images
   out  instruction                  std_msgs/String, the episode's task (at reset and every 2 s for late joiners)
   out  ~/events                     std_msgs/String, one JSON line per finished episode and per scored memory
   in   /oxygen/action_chunk         oxygen_ros/ActionChunk: replaces the action queue (latency-aligned)
   in   /oxygen/language_output      oxygen_ros/LanguageOutput: "memory" texts scored against the world's truth
+                                    (both topics are parameters: chunk_topic, language_topic)
+  out  /clock                       rosgraph_msgs/Clock, with publish_clock:=true only (see below)
 
 Every step (``step_rate_hz``) the next queued action is applied and a new observation is published, all stamped
 with one time. A chunk computed from the observation stamped ``t0`` holds actions for ``t0 + (i + 1) * dt``; the ones
@@ -16,11 +18,17 @@ whose time has passed are skipped, so a slow policy does not replay stale action
 episode and malformed chunks are dropped (counted, warned). After success or ``max_steps`` the finished scene stays
 up for ``reset_pause_s`` (so its memory is asked about too), then the next seed starts. The ROS-free parts live
 next to this module: :mod:`.chunks` (chunk timing and validation) and :mod:`.scoring` (records, counters, truth).
+
+With ``publish_clock:=true`` the simulator owns the time: a simulated clock that starts at ``SIM_CLOCK_START_NS``
+(1 s, so that no stamp is 0) and advances exactly one step period per step (paced by the wall clock) is published
+on ``/clock`` before each step's observation and stamps everything the simulator does; nodes with
+``use_sim_time:=true`` follow it. The simulator itself must then not use sim time (it would wait for itself).
 """
 
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import threading
 from collections import deque
@@ -29,8 +37,10 @@ from typing import Any
 
 import numpy as np
 import rclpy
+from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import String
 
@@ -42,9 +52,10 @@ from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 from .chunks import aligned_actions, chunk_problem
 from .scoring import EpisodeRecord, MemoryTruth, SimCounters
 
-__all__ = ["INSTRUCTION_REPEAT_S", "PARAMETERS", "TabletopSimNode", "main"]
+__all__ = ["INSTRUCTION_REPEAT_S", "PARAMETERS", "SIM_CLOCK_START_NS", "TabletopSimNode", "main"]
 
 INSTRUCTION_REPEAT_S = 2.0
+SIM_CLOCK_START_NS = 1_000_000_000  # the simulated clock's first value (publish_clock)
 PARAMETERS: dict[str, Any] = {  # the node's ROS parameters and their defaults
     "seed": 1_000_000,  # first episode seed (evaluation seeds, unseen in training)
     "step_rate_hz": 20.0,
@@ -56,6 +67,7 @@ PARAMETERS: dict[str, Any] = {  # the node's ROS parameters and their defaults
     "language_topic": "/oxygen/language_output",
     "frame_id": "table",
     "autostart": True,  # false: wait for start() (lets a caller wait for discovery)
+    "publish_clock": False,  # own the time: publish a simulated clock on /clock (for use_sim_time nodes)
 }
 
 
@@ -77,6 +89,11 @@ class TabletopSimNode(Node):
         self.max_episodes = int(get("max_episodes").value)
         self.reset_pause_ns = int(float(get("reset_pause_s").value) * 1e9)
         self.frame_id = str(get("frame_id").value)
+        self.publish_clock = bool(get("publish_clock").value)
+        if self.publish_clock and bool(get("use_sim_time").value):
+            raise ValueError("publish_clock and use_sim_time are exclusive: the simulator publishing /clock would "
+                             "wait for its own clock")
+        self._sim_ns = SIM_CLOCK_START_NS
         self.counters = SimCounters()
         self._queue: deque[np.ndarray] = deque()
         self.truth = MemoryTruth()  # observation stamp -> ground-truth memory text
@@ -86,7 +103,9 @@ class TabletopSimNode(Node):
         self.last_memory: tuple[str, str] | None = None  # (text, truth) of the newest scored memory
 
         sensor_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
-        self._image_pubs = {c: self.create_publisher(Image, f"/cameras/{c}/image_raw", sensor_qos) for c in CAMERAS}
+        self._image_pubs = {c: self.create_publisher(Image, f"cameras/{c}/image_raw", sensor_qos) for c in CAMERAS}
+        self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(
+            depth=1, reliability=ReliabilityPolicy.RELIABLE)) if self.publish_clock else None
         self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
         self._instruction_pub = self.create_publisher(String, "instruction", 10)
         self._event_pub = self.create_publisher(String, "~/events", 10)
@@ -97,6 +116,7 @@ class TabletopSimNode(Node):
         self._tick_lock = threading.Lock()
         self._closed = False
         self._timer = self.create_timer(1.0 / rate, self._tick)
+        self._publish_clock()
         if bool(get("autostart").value):
             self.start()
 
@@ -117,7 +137,14 @@ class TabletopSimNode(Node):
         return all(p.get_subscription_count() > 0 for p in self._image_pubs.values())
 
     def _now_ns(self) -> int:
-        return self.get_clock().now().nanoseconds
+        """The simulator's time: the simulated clock with publish_clock, else the node clock."""
+        return self._sim_ns if self.publish_clock else self.get_clock().now().nanoseconds
+
+    def _publish_clock(self) -> None:
+        if self._clock_pub is not None:
+            msg = Clock()
+            msg.clock = time_msg(self._sim_ns)
+            self._clock_pub.publish(msg)
 
     def _reset(self) -> None:
         self.world.reset(self.next_seed)
@@ -149,6 +176,9 @@ class TabletopSimNode(Node):
     def _tick(self) -> None:
         with self._tick_lock:
             if not self._closed:
+                if self.publish_clock:  # one step of simulated time, announced before the step's observation
+                    self._sim_ns += self.period_ns
+                    self._publish_clock()
                 self._step_world()
 
     def _step_world(self) -> None:
@@ -235,13 +265,15 @@ def main(args: list[str] | None = None) -> int:
     try:
         while rclpy.ok() and not node.finished:
             rclpy.spin_once(node, timeout_sec=0.1)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, ExternalShutdownException):  # Ctrl-C: rclpy's handler shuts the context down
         pass
     finally:
         node.get_logger().info(f"done: {node.counters.summary()}")
         node.destroy_node()
         if rclpy.ok():
             rclpy.try_shutdown()
+        # a second Ctrl-C (the terminal's, forwarded again by `ros2 launch`) must not kill the exiting interpreter
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     return 0
 
 
