@@ -212,7 +212,12 @@ def test_bad_messages_are_counted_and_ignored(data: dict[str, Path]) -> None:
     assert r["rejected_inputs"] == {"image_bad_data": 2, "state_not_finite": 1}
     assert r["frames"] == 3 and r["skip_reasons"] == {"invalid_state": 1}
     assert r["config"]["joint_names"] == [f"j{k}" for k in range(8)]  # not given: the bag's first JointState
-    # frames 1 and 2 used the wrist image of t0 with the newer base image: stamp = newest camera stamp
+    # frames 1 and 2 have only the wrist image of t0: synchronised (max_camera_skew_s), they pair it with the base
+    # image of t0 from the base camera's buffer, so stamp = newest stamp of the chosen set = t0
+    assert [f["stamp_ns"] for f in r["per_frame"]] == [t0, t0, t0]
+    r = evaluate_bag(bag, data["root"] / "bad_inputs_eval_unsynced", params(data, max_camera_skew_s=-1.0),
+                     plots=False, progress=False)
+    # without synchronisation each camera's newest image: stamp = the newer base image's
     assert [f["stamp_ns"] for f in r["per_frame"]] == [t0, t0 + 100_000_000, t0 + 200_000_000]
 
 

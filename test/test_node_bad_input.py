@@ -69,7 +69,8 @@ def test_defaults_need_a_model_and_joints() -> None:
     ("camera_topics", ["/a"]), ("camera_compressed", [True]), ("camera_names", ["a", "a"]),
     ("joint_names", []), ("joint_names", "joint_1"), ("request_task", "poetry"), ("request_prompt", "{task}"),
     ("request_prompt", "{unclosed"), ("publish_trajectory", "yes"), ("action_rate_hz", -5.0),
-    ("delta_action_mask", [True] * 9), ("max_instruction_chars", 0), ("normalization", "zscore"),
+    ("delta_action_mask", [True] * 9), ("max_instruction_chars", -1), ("normalization", "zscore"),
+    ("max_joint_age_s", -0.1),
 ])
 def test_bad_parameters_are_reported_by_name(name: str, value) -> None:
     with pytest.raises(ParamError) as e:
@@ -163,14 +164,16 @@ def test_observation_is_built_from_the_newest_inputs(policy, tokenizer) -> None:
     obs = built.prepared.observation
     obs.validate(CFG.num_cameras, CFG.vision.image_size)
     assert obs.image_masks.tolist() == [[True, True, False]], "unconfigured slots are masked out"
-    assert built.stamp_ns == 10 * SEC + 50_000_000, "observation time = newest camera stamp"
+    assert built.stamp_ns == 10 * SEC, "synchronised: the set with equal stamps, not camera 1's newest image"
+    unsynced = ObservationBuilder(store, policy, 0.5, max_camera_skew_s=-1.0).build(10 * SEC + 100_000_000)
+    assert unsynced.stamp_ns == 10 * SEC + 50_000_000, "observation time = newest camera stamp used"
     assert "put the red block" in tokenizer.decode(obs.tokens[0].tolist())
     assert obs.token_mask.all() and obs.state.shape == (1, len(JOINTS))
 
 
 @pytest.mark.parametrize("case, reason", [
     ("no_images", "missing_camera"), ("one_camera", "missing_camera"), ("stale", "stale_camera"),
-    ("future", "stale_camera"), ("no_state", "no_state"), ("partial_state", "no_state"),
+    ("future", "missing_camera"), ("no_state", "no_state"), ("partial_state", "no_state"),
     ("nan_state", "invalid_state"), ("no_instruction", "no_instruction"),
 ])
 def test_frames_are_skipped_with_a_reason(policy, case: str, reason: str) -> None:
@@ -189,6 +192,8 @@ def test_frames_are_skipped_with_a_reason(policy, case: str, reason: str) -> Non
         store.on_instruction(String(data="go"))
     built = builder(store, policy).build(now)
     assert isinstance(built, Skip) and built.reason == reason, built
+    if case == "future":  # a future-stamped image is a rejected input, not a usable (or blocking) one
+        assert store.rejected.get("image_from_future") == 1
 
 
 def test_partial_joint_states_are_merged(policy) -> None:
@@ -383,7 +388,7 @@ def test_processing_lives_from_activate_to_deactivate(context) -> None:
         assert node._runner is not None and node._store is None and not node._input_subs
         topics = {t for t, _ in node.get_topic_names_and_types()}
         assert node.trigger_activate() == TransitionCallbackReturn.SUCCESS
-        assert len(node._input_subs) == len(CAMS) + 2 and node._worker.is_alive()
+        assert len(node._input_subs) == len(CAMS) + 3 and node._worker.is_alive()  # + joints, 2 x instruction
         feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
         node._on_tick()
         assert node.stats.frames == 1

@@ -103,15 +103,22 @@ def test_language_outputs_carry_their_origin_frame_stamp(node, probe) -> None:
 
 
 def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
+    """Each trajectory is stamped with its chunk's observation time; point i keeps time_from_start (i + 1) * dt
+    (the action timing rule), and only the points still in the future when it was published remain."""
     assert probe.wait_for(lambda: len(probe.trajectories()) >= 2, 5)
-    chunks = [chunk_array(c) for c in probe.chunks()]
+    chunks = {header_ns(c): c for c in probe.chunks()}
     for traj in probe.trajectories():
         assert list(traj.joint_names) == JOINTS
-        assert (traj.header.stamp.sec, traj.header.stamp.nanosec) == (0, 0), "0 = start on receipt"
-        times = [p.time_from_start.sec + p.time_from_start.nanosec * 1e-9 for p in traj.points]
-        assert len(times) == HORIZON and times[0] > 0 and all(b > a for a, b in zip(times, times[1:], strict=False))
+        chunk = chunks[header_ns(traj)]  # stamped like the chunk: the observation time
+        dt_ns = chunk.dt.sec * 10**9 + chunk.dt.nanosec
+        times = [p.time_from_start.sec * 10**9 + p.time_from_start.nanosec for p in traj.points]
+        first = HORIZON - len(times)  # index of the first kept action
+        assert 1 <= len(times) <= HORIZON
+        assert times == [(first + i + 1) * dt_ns for i in range(len(times))]
+        latency_ns = chunk.inference_latency.sec * 10**9 + chunk.inference_latency.nanosec
+        assert first <= latency_ns // dt_ns + 2, "more points dropped than the inference latency explains"
         positions = np.array([p.positions for p in traj.points], dtype=np.float32)
-        assert any(np.allclose(positions, c, atol=1e-5) for c in chunks), "trajectory does not match any chunk"
+        np.testing.assert_allclose(positions, chunk_array(chunk)[first:], atol=1e-5)
 
 
 def test_stale_camera_stops_chunks_and_is_counted(node, probe) -> None:

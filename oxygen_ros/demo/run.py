@@ -29,6 +29,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.ros.stamps import duration_s
 from oxygen_ros.testing.probe import Probe, header_ns
 from oxygen_ros.testing.process import NodeProcess
@@ -168,8 +169,15 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
     if domain_id is None:
         domain_id = int(os.environ.get("ROS_DOMAIN_ID", 0)) if not start_node else 150 + os.getpid() % 80
 
+    # the Fast DDS profile that carries real camera images, for the node and this process (the simulator), applied
+    # exactly as the launch file applies it; a profile the environment names wins
+    dds_env, dds_why = dds_profile_environment(default_profile_path())
+    console.print(f"[bold]DDS[/] {dds_why}", soft_wrap=True)
+    restore = {k: os.environ.get(k) for k in dds_env}
+    os.environ.update(dds_env)  # read when this process creates its first DDS participant (the probe below)
     node = NodeProcess(config, overrides, domain_id=domain_id) if start_node else None
     if node is not None:
+        node.env.update(dds_env)
         node.start()
         console.print(f"[bold]node[/] python -m oxygen_ros.ros ({config.name}), log: {node.log_path}",
                       soft_wrap=True)
@@ -193,6 +201,11 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
         probe.close()
         if node is not None and node.alive:
             node.stop(signal.SIGINT, timeout=15)
+        for key, value in restore.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def print_summary(s: DemoSummary, console: Console) -> None:

@@ -52,12 +52,14 @@ class TokenizedPrompt:
         mask: bool, shape [max_token_len]; True for the first ``num_tokens`` entries.
         truncated: True when the prompt was longer than max_token_len and was cut.
         num_tokens: Number of valid tokens in ``ids`` (at most max_token_len).
+        instruction_cut: True when the instruction was cut so that the state fits (``keep_state``).
     """
 
     ids: np.ndarray
     mask: np.ndarray
     truncated: bool
     num_tokens: int
+    instruction_cut: bool = False
 
 
 def discretize_state(state: np.ndarray | Iterable[float], clip: bool = False) -> np.ndarray:
@@ -164,7 +166,7 @@ class PromptTokenizer:
         return list(self._sp.encode(text, add_bos=add_bos))
 
     def tokenize_action_prompt(self, instruction: str, state: np.ndarray | None,
-                               clip_state: bool = False) -> TokenizedPrompt:
+                               clip_state: bool = False, keep_state: bool = False) -> TokenizedPrompt:
         """Tokenise a pi0.5 action prompt exactly as openpi's ``PaligemmaTokenizer.tokenize``.
 
         Args:
@@ -172,18 +174,24 @@ class PromptTokenizer:
             state: 1-D normalised state (already normalised to about [-1, 1], before padding to
                 action_dim), or None for the pi0 format (no state in the prompt).
             clip_state: clip the state to [-1, 1] before discretising (see :func:`discretize_state`).
+            keep_state: when the prompt is too long, cut the instruction (at a token boundary) so that the state
+                and the ``Action:`` suffix still fit (``instruction_cut`` is set), instead of cutting the prompt's
+                end as openpi and LeRobot do. Prompts that fit are identical either way.
 
         Returns:
-            The padded prompt. When it is longer than max_token_len it is cut to max_token_len
+            The padded prompt. When it is still longer than max_token_len it is cut to max_token_len
             (``truncated`` is set; a warning is logged the first time per tokenizer instance).
         """
         cleaned = instruction.strip().replace("_", " ").replace("\n", " ")
+        instruction_cut = False
         if state is not None:
             bins = discretize_state(state, clip=clip_state)
             if bins.ndim != 1:
                 raise ValueError(f"state must be 1-D, got shape {bins.shape}")
             state_str = " ".join(map(str, bins.tolist()))
             tokens = self.encode(f"Task: {cleaned}, State: {state_str};\nAction: ", add_bos=True)
+            if keep_state and len(tokens) > self._max_token_len:
+                tokens, instruction_cut = self._cut_instruction(cleaned, state_str, len(tokens)), True
         else:
             # pi0 format: "\n" is tokenised separately as the start-of-answer token.
             tokens = self.encode(cleaned, add_bos=True) + self.encode("\n")
@@ -208,7 +216,18 @@ class PromptTokenizer:
         ids[:num] = tokens
         mask = np.zeros(self._max_token_len, dtype=bool)
         mask[:num] = True
-        return TokenizedPrompt(ids=ids, mask=mask, truncated=truncated, num_tokens=num)
+        return TokenizedPrompt(ids=ids, mask=mask, truncated=truncated, num_tokens=num, instruction_cut=instruction_cut)
+
+    def _cut_instruction(self, cleaned: str, state_str: str, n_tokens: int) -> list[int]:
+        """The action prompt with the instruction cut to the longest token prefix that lets the whole fit."""
+        ids = self.encode(cleaned)
+        keep = max(0, len(ids) - (n_tokens - self._max_token_len))
+        while True:
+            cut = self._sp.decode(ids[:keep]).strip()
+            tokens = self.encode(f"Task: {cut}, State: {state_str};\nAction: ", add_bos=True)
+            if len(tokens) <= self._max_token_len or keep == 0:  # re-encoding a prefix can merge differently
+                return tokens
+            keep -= 1
 
     def tokenize_request(self, task: str, text: str | None = None, max_len: int = 32) -> list[int]:
         """Tokenise a language-request prompt (no BOS: it continues after the action prefix).

@@ -2,13 +2,15 @@
 a virtual clock that steps through the bag time at the node's ``control_rate_hz``, without DDS.
 
 Messages are fed in bag order up to each tick into the node's
-:class:`~oxygen_ros.ros.observation_builder.InputStore` (clocked by the bag time), which validates and decodes each
-on arrival (a bad one is counted and ignored; the previous valid value stays): camera images
+:class:`~oxygen_ros.ros.observation_builder.InputStore` (clocked by the bag time), which validates each on
+arrival (a bad one is counted and ignored; the previous valid value stays; images are decoded when a frame uses
+them): camera images
 (``sensor_msgs/Image`` or ``CompressedImage``), the instruction (``std_msgs/String``) and the joint states
 (``sensor_msgs/JointState``, joints picked by name). At each tick the node's
 :class:`~oxygen_ros.ros.observation_builder.ObservationBuilder` builds the observation, or skips the tick with a
-reason when inputs are missing, stale (a camera header stamp more than ``max_image_age_s`` from the tick) or
-invalid. Otherwise one frame of the policy layer's :class:`~oxygen_ros.policy.runner.FrameRunner` runs, built as
+reason when inputs are missing, stale (a camera header stamp more than ``max_image_age_s`` before the tick),
+unsynchronised (``max_camera_skew_s``) or invalid. Otherwise one frame of the policy layer's
+:class:`~oxygen_ros.policy.runner.FrameRunner` runs, built as
 the node builds it (:func:`~oxygen_ros.ros.model_loader.load_node_policy` / ``build_runner``): language requests
 every ``request_every_n_frames`` frames, flow-matching noise seeded with ``seed + frame_index``. The action chunks
 and texts therefore depend on the bag and the parameters only (timings are measured but never feed back into the
@@ -39,7 +41,13 @@ from rosbags.rosbag2 import Writer
 from tqdm import tqdm
 
 from oxygen_ros.ros.diagnostics import ReasonCounter
-from oxygen_ros.ros.model_loader import LoadedPolicy, build_runner, load_node_policy, resolve_device
+from oxygen_ros.ros.model_loader import (
+    LoadedPolicy,
+    build_runner,
+    instruction_char_cap,
+    load_node_policy,
+    resolve_device,
+)
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip
 from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, NodeParams, validate
 
@@ -110,13 +118,14 @@ def camera_topics(p: NodeParams, bag_topics: Mapping[str, str]) -> tuple[str, ..
 
 class _BagFeed:
     """The node's input handling, clocked by the bag: :meth:`until` feeds the bag's messages up to a tick, in bag
-    order, into the node's InputStore, which validates and decodes each one."""
+    order, into the node's InputStore, which validates each one (images are decoded when a frame uses them)."""
 
-    def __init__(self, reader: AnyReader, p: NodeParams, joint_states_topic: str, instruction_topic: str) -> None:
+    def __init__(self, reader: AnyReader, p: NodeParams, max_instruction_chars: int, joint_states_topic: str,
+                 instruction_topic: str) -> None:
         self.reader, self.now_ns = reader, reader.start_time  # log time of the message being fed
         self.rejected = ReasonCounter(logger.debug, "rejected input", clock=self.clock)
         self.store = InputStore(p.camera_names, p.joint_names, self.rejected, p.max_image_pixels,
-                                p.max_instruction_chars, p.instruction, clock=self.clock)
+                                max_instruction_chars, p.instruction, clock=self.clock)
         self.cameras = {t: i for i, t in enumerate(p.camera_topics)}
         self.joint_states_topic, self.instruction_topic = joint_states_topic, instruction_topic
         wanted = {*p.camera_topics, joint_states_topic, instruction_topic}
@@ -161,7 +170,8 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
                dt_s: float, show: bool) -> None:
     """Every tick: feed the bag up to it, build the observation (or skip), run one frame, write its outputs."""
     p, reader = loaded.params, feed.reader
-    builder = ObservationBuilder(feed.store, loaded.policy, p.max_image_age_s)
+    builder = ObservationBuilder(feed.store, loaded.policy, p.max_image_age_s, p.max_joint_age_s,
+                                 max_camera_skew_s=p.max_camera_skew_s)
     for tick in tqdm(range(log.ticks), desc=f"evaluating {Path(reader.paths[0]).name} ({p.mode})", unit="frame",
                      disable=not show):
         tick_ns = reader.start_time + round(tick * 1e9 / p.control_rate_hz)
@@ -237,7 +247,7 @@ def _evaluate(reader: AnyReader, loaded: LoadedPolicy, out_bag: Path, storage: s
     runner = build_runner(loaded)  # the node's frame: request cadence, noise (seed + frame index), post-processing
     try:
         dt_s = 1.0 / (p.action_rate_hz if p.action_rate_hz > 0 else runner.n_execute * p.control_rate_hz)
-        feed = _BagFeed(reader, p, *topics)
+        feed = _BagFeed(reader, p, instruction_char_cap(p, loaded.policy), *topics)
         log = RunLog(ticks=_tick_count(reader, p.control_rate_hz, max_frames))
         with Writer(out_bag, version=9, storage_plugin=STORAGES[storage]) as writer:
             outputs = OutputBag(writer, ts)

@@ -63,8 +63,9 @@ class PreparedObservation:
     observation: Observation
     reference_state: np.ndarray  # state in the checkpoint's action space, for delta dims
     prompt_tokens: int
-    prompt_truncated: bool
+    prompt_truncated: bool  # the prompt's end was cut (the state alone overflows max_token_len)
     normalized_state: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
+    instruction_cut: bool = False  # the instruction was cut so that the state fits
 
 
 class Policy:
@@ -72,6 +73,9 @@ class Policy:
 
     def __init__(self, spec: PolicySpec, model: Pi05Model, tokenizer: PromptTokenizer) -> None:
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
+        # An instruction too long for the prompt is cut so that the state stays (upstream cuts the prompt's end,
+        # the state and "Action:"); prompts that fit are tokenised exactly as upstream either way.
+        self.keep_state_in_prompt = True
 
     # ------------------------------------------------------------------------------------------ inputs
     def slot_of(self, key: str) -> str:
@@ -112,14 +116,15 @@ class Policy:
         if spec.framework == "oxygen":
             norm_state = np.asarray(norm_state, dtype=np.float32)  # our checkpoints are trained on float32 states
         prompt = self.tokenizer.tokenize_action_prompt(raw.task, norm_state if spec.state_in_prompt else None,
-                                                       clip_state=spec.clip_state)
+                                                       clip_state=spec.clip_state,
+                                                       keep_state=self.keep_state_in_prompt)
         n = prompt.num_tokens
         obs = Observation(
             images=torch.from_numpy(images)[None], image_masks=torch.from_numpy(masks)[None],
             tokens=torch.from_numpy(prompt.ids[:n].copy())[None],  # padding would only cost compute
             token_mask=torch.from_numpy(prompt.mask[:n].copy())[None],
             state=torch.from_numpy(np.asarray(norm_state, dtype=np.float32))[None])
-        return PreparedObservation(obs, state, n, prompt.truncated, np.asarray(norm_state))
+        return PreparedObservation(obs, state, n, prompt.truncated, np.asarray(norm_state), prompt.instruction_cut)
 
     # ------------------------------------------------------------------------------------------ outputs
     def postprocess(self, chunk: np.ndarray | torch.Tensor, prepared: PreparedObservation) -> np.ndarray:

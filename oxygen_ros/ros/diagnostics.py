@@ -9,11 +9,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from diagnostic_msgs.msg import DiagnosticStatus, KeyValue
 
-__all__ = ["Ema", "NodeStats", "ReasonCounter"]
+__all__ = ["CameraWatch", "Ema", "NodeStats", "ReasonCounter"]
 
 STAGES = ("prefill", "denoise", "decode", "manager", "frame")
 
@@ -91,6 +92,8 @@ class NodeStats:
         self.skipped = ReasonCounter(log, "skipping frame", log_period_s, clock)
         self.rejected_inputs = ReasonCounter(log, "rejected input", log_period_s, clock)
         self.errors = ReasonCounter(log, "error", log_period_s, clock)
+        self.dropped_outputs = ReasonCounter(log, "output not published", log_period_s, clock)
+        self.warnings = ReasonCounter(log, "warning", 2 * log_period_s, clock)  # transport and QoS problems
         self.stage_ms = {s: Ema() for s in STAGES}
         self.latency_ms = Ema()
         self.frames = 0
@@ -140,9 +143,10 @@ class NodeStats:
             return sum(n for t, n in self._token_times if now - t <= window_s) / window_s
 
     def status(self, name: str, hardware_id: str, state: str, backlog: int, horizon: int,
-               extra: Mapping[str, object] | None = None) -> DiagnosticStatus:
-        """The DiagnosticStatus for this moment. Level: ERROR after new engine errors, WARN when active but
-        not producing frames or after new deadline misses, OK otherwise."""
+               extra: Mapping[str, object] | None = None, warnings: Sequence[str] = ()) -> DiagnosticStatus:
+        """The DiagnosticStatus for this moment. Level: ERROR after new engine errors, WARN while ``warnings``
+        (current transport / QoS problems) exist, when active but not producing frames or after new deadline
+        misses, OK otherwise."""
         rate, token_rate = self.frame_rate(), self.token_rate()
         with self._lock:
             values: dict[str, object] = {
@@ -170,15 +174,22 @@ class NodeStats:
             values[f"skipped.{reason}"] = n
         for reason, n in sorted(self.errors.snapshot().items()):
             values[f"error.{reason}"] = n
+        for reason, n in sorted(self.dropped_outputs.snapshot().items()):
+            values[f"dropped.{reason}"] = n
         values["rejected_inputs"] = self.rejected_inputs.total
         for reason, n in sorted(self.rejected_inputs.snapshot().items()):
             values[f"rejected.{reason}"] = n
+        for reason, n in sorted(self.warnings.snapshot().items()):
+            values[f"warning.{reason}"] = n
         values.update(extra or {})
 
         level, message = DiagnosticStatus.OK, f"{state}, {rate:.1f} frames/s"
         if new_errors:
             level = DiagnosticStatus.ERROR
             message = f"{new_errors} error(s) since the last report: {self.errors.latest(5.0)}"
+        elif warnings:
+            more = f" (+{len(warnings) - 1} more)" if len(warnings) > 1 else ""
+            level, message = DiagnosticStatus.WARN, warnings[0] + more
         elif state == "active" and rate == 0.0:
             why = self.skipped.latest(2.0) or "waiting for the first frame"
             level, message = DiagnosticStatus.WARN, f"active but no frames: {why}"
@@ -186,6 +197,118 @@ class NodeStats:
             level, message = DiagnosticStatus.WARN, f"{rate:.1f} frames/s, {new_misses} deadline miss(es)"
         return DiagnosticStatus(level=level, name=name, message=message, hardware_id=hardware_id,
                                 values=[KeyValue(key=k, value=str(v)) for k, v in values.items()])
+
+
+class CameraWatch:
+    """Transport and QoS health of the camera subscriptions, for ``/diagnostics`` and the log.
+
+    A camera is *silent* when its topic has publishers but no image arrived for ``silent_after_s`` seconds, and
+    *lossy* when the middleware reports more than ``max_loss`` of its recent images lost (rclpy's
+    ``message_lost`` event): the typical causes are images larger than the DDS transport carries (raw 640x480 and
+    up with Fast DDS's default shared-memory segment) and QoS mismatches. Incompatible-QoS events (rclpy's
+    ``incompatible_qos`` event) are counted per camera. Pure bookkeeping: the node feeds publisher counts, receive
+    statistics and the events.
+
+    Args:
+        names, topics: the cameras and their (resolved) topics.
+        reliability: the subscriptions' camera_reliability (named in the warnings).
+        warnings: counts and logs (throttled) each warning reason: camera_silent, camera_lossy,
+            camera_qos_incompatible.
+        silent_after_s: how long a camera with publishers may stay without images.
+        max_loss: the largest tolerated fraction of lost images over the receive-rate window.
+    """
+
+    def __init__(self, names: Sequence[str], topics: Sequence[str], reliability: str, warnings: ReasonCounter,
+                 silent_after_s: float = 3.0, max_loss: float = 0.2, window_s: float = 2.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.names, self.topics, self.reliability = list(names), list(topics), reliability
+        self.warnings, self.silent_after_s, self._clock = warnings, silent_after_s, clock
+        self.max_loss, self.window_s = max_loss, window_s
+        self._lock = threading.Lock()
+        self._publishers_since: list[float | None] = [None] * len(self.names)
+        self.qos_incompatible = [0] * len(self.names)
+        self.qos_policy = [""] * len(self.names)
+        self.lost = [0] * len(self.names)
+        self._lost_recent: list[deque[tuple[float, int]]] = [deque(maxlen=1024) for _ in self.names]
+
+    def on_message_lost(self, index: int, count_change: int) -> None:
+        """rclpy's message-lost event for camera ``index`` (images the middleware knows it dropped)."""
+        with self._lock:
+            self.lost[index] += int(count_change)
+            self._lost_recent[index].append((self._clock(), int(count_change)))
+
+    def _causes(self, index: int) -> str:
+        with self._lock:
+            incompatible, policy = self.qos_incompatible[index], self.qos_policy[index]
+        qos = f"{incompatible} incompatible-QoS event(s), policy {policy}" if incompatible else \
+            "no incompatible-QoS event"
+        return ("Likely causes: images larger than the DDS transport carries (raw 640x480 rgb8 is 0.9 MB, over "
+                "Fast DDS's default 512 KB shared-memory segment: best-effort images then go as fragmented UDP and "
+                "are lost; apply config/fastdds.xml to the node and every camera process, see oxygen_ros.ros.dds), "
+                f"or a QoS mismatch (camera_reliability={self.reliability}; {qos})")
+
+    def check_loss(self, index: int, rate_hz: float) -> str | None:
+        """The lossy-camera warning for camera ``index`` (counted and logged), or None."""
+        now = self._clock()
+        with self._lock:
+            lost = sum(n for t, n in self._lost_recent[index] if now - t <= self.window_s)
+        received = rate_hz * self.window_s
+        if lost < 5 or lost <= self.max_loss * (lost + received):
+            return None
+        text = (f"camera {self.names[index]} ({self.topics[index]}): the middleware lost {lost} of "
+                f"{lost + round(received)} images in the last {self.window_s:g} s. {self._causes(index)}")
+        self.warnings.add("camera_lossy", text)
+        return text
+
+    def on_incompatible_qos(self, index: int, count_change: int, policy: str) -> None:
+        """rclpy's incompatible-QoS event for camera ``index`` (``policy``: the last incompatible policy kind)."""
+        with self._lock:
+            self.qos_incompatible[index] += max(1, int(count_change))
+            self.qos_policy[index] = policy
+        self.warnings.add("camera_qos_incompatible", f"camera {self.names[index]} ({self.topics[index]}): a "
+                          f"publisher's QoS is incompatible with this subscription (policy {policy}, "
+                          f"camera_reliability={self.reliability}): its images are never delivered")
+
+    def check(self, index: int, publishers: int, last_arrival: float | None) -> str | None:
+        """The silent-camera warning for camera ``index`` (counted and logged), or None when it is fine."""
+        now = self._clock()
+        with self._lock:
+            if publishers <= 0:
+                self._publishers_since[index] = None
+                return None
+            if self._publishers_since[index] is None:
+                self._publishers_since[index] = now
+            quiet_since = max(self._publishers_since[index], last_arrival if last_arrival is not None else -1e18)
+        quiet = now - quiet_since
+        if quiet < self.silent_after_s:
+            return None
+        text = (f"camera {self.names[index]} ({self.topics[index]}): {publishers} publisher(s) but no image for "
+                f"{quiet:.0f} s. {self._causes(index)}")
+        self.warnings.add("camera_silent", text)
+        return text
+
+    def report(self, statuses: Sequence[Any], publishers: Sequence[int], now_ns: int) -> tuple[dict[str, object],
+                                                                                              list[str]]:
+        """Per camera diagnostics values (receive rate, newest-image age, counts) and the current warnings.
+
+        ``statuses``: the InputStore's camera statuses (name, received, rate_hz, last_arrival, newest_stamp_ns).
+        """
+        values: dict[str, object] = {}
+        warnings = []
+        for i, (st, pubs) in enumerate(zip(statuses, publishers, strict=True)):
+            key = f"camera.{st.name}"
+            values[f"{key}.rate_hz"] = f"{st.rate_hz:.1f}"
+            values[f"{key}.age_s"] = "nan" if st.newest_stamp_ns is None else \
+                f"{(now_ns - st.newest_stamp_ns) / 1e9:.3f}"
+            values[f"{key}.received"] = st.received
+            values[f"{key}.publishers"] = pubs
+            values[f"{key}.qos_incompatible"] = self.qos_incompatible[i]
+            values[f"{key}.lost"] = self.lost[i]
+            silent = self.check(i, pubs, st.last_arrival)
+            lossy = None if silent else self.check_loss(i, st.rate_hz)
+            values[f"{key}.silent"], values[f"{key}.lossy"] = silent is not None, lossy is not None
+            warnings += [w for w in (silent, lossy) if w is not None]
+        return values, warnings
 
 
 def _fmt(x: float | None) -> str:

@@ -19,6 +19,8 @@ __all__ = [
     "SUPPORTED_ENCODINGS",
     "ImageError",
     "array_to_image_msg",
+    "check_image_msg",
+    "compressed_image_size",
     "compressed_msg_to_array",
     "image_msg_to_array",
 ]
@@ -56,11 +58,21 @@ def _as_bytes_array(data: Any) -> np.ndarray:
         raise ImageError(f"image data is not a byte sequence: {type(data).__name__}") from exc
 
 
-def image_msg_to_array(msg: Image) -> np.ndarray:
-    """Decode a ``sensor_msgs/Image`` into a fresh RGB uint8 array [H, W, 3].
+def _data_length(data: Any) -> int:
+    """Byte length of a message's ``data`` field without copying it."""
+    if isinstance(data, np.ndarray):
+        return int(data.nbytes) if data.dtype.itemsize == 1 else int(data.size)
+    if isinstance(data, array.array):
+        return len(data) * data.itemsize
+    try:
+        return len(data)
+    except TypeError as exc:
+        raise ImageError(f"image data is not a byte sequence: {type(data).__name__}") from exc
 
-    Supports rgb8, bgr8, rgba8, bgra8 (alpha dropped), mono8/8UC1 and mono16/16UC1 (top 8 bits, grey
-    replicated to 3 channels). Rows may be padded (``step`` > width * bytes per pixel).
+
+def check_image_msg(msg: Image) -> tuple[int, int, int, int]:
+    """The cheap checks of a ``sensor_msgs/Image`` (sizes, encoding, step, data length; nothing is converted):
+    returns ``(height, width, step, row_bytes)``.
 
     Raises:
         ImageError: zero sizes, unknown encoding, ``step`` too small, or ``data`` not ``step * height`` bytes.
@@ -76,11 +88,29 @@ def image_msg_to_array(msg: Image) -> np.ndarray:
     if step < row_bytes:
         raise ImageError(f"step {step} is smaller than width * bytes per pixel = {width} * "
                          f"{channels * dtype.itemsize} = {row_bytes} ({encoding})")
-    buf = _as_bytes_array(msg.data)
-    if buf.size != step * height:
-        what = "truncated" if buf.size < step * height else "oversized"
-        raise ImageError(f"image data {what}: {buf.size} bytes, expected step * height = {step} * {height} = "
+    size = _data_length(msg.data)
+    if size != step * height:
+        what = "truncated" if size < step * height else "oversized"
+        raise ImageError(f"image data {what}: {size} bytes, expected step * height = {step} * {height} = "
                          f"{step * height} ({width}x{height} {encoding})")
+    return height, width, step, row_bytes
+
+
+def image_msg_to_array(msg: Image) -> np.ndarray:
+    """Decode a ``sensor_msgs/Image`` into a fresh RGB uint8 array [H, W, 3].
+
+    Supports rgb8, bgr8, rgba8, bgra8 (alpha dropped), mono8/8UC1 and mono16/16UC1 (top 8 bits, grey
+    replicated to 3 channels). Rows may be padded (``step`` > width * bytes per pixel).
+
+    Raises:
+        ImageError: zero sizes, unknown encoding, ``step`` too small, or ``data`` not ``step * height`` bytes.
+    """
+    height, width, step, row_bytes = check_image_msg(msg)
+    encoding = str(msg.encoding)
+    channels, dtype = _ENCODINGS[encoding]
+    buf = _as_bytes_array(msg.data)
+    if buf.size != step * height:  # data that is not a plain byte buffer (e.g. a list of ints)
+        raise ImageError(f"image data has {buf.size} bytes, expected step * height = {step * height}")
 
     rows = buf.reshape(height, step)[:, :row_bytes]
     if dtype.itemsize == 1:
@@ -112,6 +142,61 @@ def compressed_msg_to_array(msg: Any) -> np.ndarray:
     if bgr is None or bgr.size == 0:
         raise ImageError(f"cannot decode compressed image (format {msg.format!r}, {buf.size} bytes)")
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
+
+
+_SOF_MARKERS = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}  # start-of-frame (not DHT, JPG, DAC)
+
+
+def _jpeg_size(buf: np.ndarray) -> tuple[int, int] | None:
+    """(width, height) from a JPEG's start-of-frame segment, walking the marker segments (no decoding)."""
+    i, n = 2, buf.size
+    while i + 4 <= n:
+        if buf[i] != 0xFF:
+            return None
+        marker = int(buf[i + 1])
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker == 0x01 or 0xD0 <= marker <= 0xD8:  # standalone markers
+            i += 2
+            continue
+        if marker in (0xD9, 0xDA):  # end of image / start of scan before any frame header
+            return None
+        length = int(buf[i + 2]) << 8 | int(buf[i + 3])
+        if length < 2:
+            return None
+        if marker in _SOF_MARKERS:
+            if i + 9 > n:
+                return None
+            height = int(buf[i + 5]) << 8 | int(buf[i + 6])
+            width = int(buf[i + 7]) << 8 | int(buf[i + 8])
+            return (width, height) if width and height else None
+        i += 2 + length
+    return None
+
+
+def compressed_image_size(data: Any) -> tuple[int, int] | None:
+    """(width, height) of a JPEG or PNG from its header alone (cheap: no pixel is decoded).
+
+    Returns None for other formats (cv2.imdecode decides when the image is used).
+
+    Raises:
+        ImageError: a JPEG or PNG whose header is malformed or truncated.
+    """
+    buf = _as_bytes_array(data)
+    if buf.size >= 2 and buf[0] == 0xFF and buf[1] == 0xD8:
+        size = _jpeg_size(buf)
+        if size is None:
+            raise ImageError(f"malformed JPEG header ({buf.size} bytes, no frame header before the image data)")
+        return size
+    if buf.size >= 8 and buf[:8].tobytes() == b"\x89PNG\r\n\x1a\n":
+        if buf.size < 24 or buf[12:16].tobytes() != b"IHDR":
+            raise ImageError(f"malformed PNG header ({buf.size} bytes)")
+        width, height = (int.from_bytes(buf[k:k + 4].tobytes(), "big") for k in (16, 20))
+        if not width or not height:
+            raise ImageError(f"PNG header has zero size ({width}x{height})")
+        return width, height
+    return None
 
 
 def _check_rgb(rgb: np.ndarray) -> None:

@@ -24,7 +24,8 @@ from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
 
 from .params import NodeParams
 
-__all__ = ["LoadedPolicy", "build_runner", "engine_config", "load_node_policy", "resolve_device", "warm_up"]
+__all__ = ["LoadedPolicy", "build_runner", "engine_config", "instruction_char_cap", "load_node_policy",
+           "resolve_device", "warm_up"]
 
 
 
@@ -168,6 +169,12 @@ def _reconcile(p: NodeParams, policy: Policy) -> tuple[NodeParams, tuple[str, ..
     if not p.action_names and names != p.joint_names:
         notes.append(f"action_names not set: publishing {spec.action_dims} dims as {names[0]}..")
     return dataclasses.replace(p, camera_names=tuple(cameras), num_steps=num_steps), names, notes
+
+
+def instruction_char_cap(p: NodeParams, policy: Policy) -> int:
+    """Characters an instruction keeps on arrival: ``max_instruction_chars``, or 8 per prompt token (no text that
+    long fits the prompt; the exact cut happens when a frame's prompt would overflow, keeping the state)."""
+    return p.max_instruction_chars or 8 * policy.spec.max_token_len
 
 
 def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None) -> EngineConfig:

@@ -7,16 +7,32 @@ they are denoised) and language outputs out, one engine frame per control tick.
 Topics (node name ``oxygen``; all names are relative, so a namespace or remapping moves them):
 
   in   <camera_topics>      sensor_msgs/Image or CompressedImage, QoS reliability = camera_reliability, depth 1
-  in   instruction          std_msgs/String
-  in   joint_states         sensor_msgs/JointState (joint_names picked by name)
+  in   instruction          std_msgs/String, reliable; subscribed both transient-local (a latched instruction
+                            sent before the node started arrives) and volatile (volatile publishers match too)
+  in   joint_states         sensor_msgs/JointState (joint_names picked by name; each joint's newest position is
+                            used while it is younger than max_joint_age_s)
   out  ~/action_chunk       oxygen_ros/ActionChunk (stamp = observation time = newest camera stamp used)
   out  ~/language_output    oxygen_ros/LanguageOutput (stamp = the originating frame's observation time)
-  out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller)
+  out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller), stamped
+                            with the observation time, points already in the past dropped
   out  /diagnostics         diagnostic_msgs/DiagnosticArray, 1 Hz
+
+Action timing, everywhere: action i of a chunk is the target for ``stamp + (i + 1) * dt`` (ActionChunk.dt, the
+trajectory's time_from_start, the simulator's execution).
 
 Threads: the control timer (node clock) wakes a dedicated inference thread that runs the frame; subscriptions run on
 the executor's thread, so images keep arriving while a frame is inferred. Stamps and image staleness use the node
 clock (``use_sim_time`` follows /clock during bag replay).
+
+Cameras: a callback only checks a message (sizes, encoding, data length, a JPEG / PNG header) and keeps it in its
+camera's buffer (the last 4 images); images are decoded when a frame uses them, once. At each tick the observation
+takes one image per camera, fresh (``max_image_age_s``) and synchronised: the set with the smallest spread of
+stamps, the newest among equal spreads (message_filters' ApproximateTime rule, :mod:`.camera_sync`), skipped as
+``camera_skew`` when that spread exceeds ``max_camera_skew_s``. **Observation stamp = the newest stamp of the chosen
+set** (ActionChunk and LanguageOutput stamps, the latency's start: that image's arrival). Images stamped more than
+0.1 s ahead of the node clock are rejected (``image_from_future``). ``/diagnostics`` reports per camera its receive
+rate, newest-image age, received / lost counts and incompatible-QoS events, and warns (also in the log, throttled)
+when a camera has publishers but no image arrives, or when the middleware loses many of its images.
 """
 
 from __future__ import annotations
@@ -33,6 +49,7 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
+from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
@@ -42,8 +59,8 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
-from .diagnostics import NodeStats
-from .model_loader import LoadedPolicy, build_runner, load_node_policy, warm_up
+from .diagnostics import CameraWatch, NodeStats
+from .model_loader import LoadedPolicy, build_runner, instruction_char_cap, load_node_policy, warm_up
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
 from .params import PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
@@ -101,10 +118,12 @@ class OxygenNode(LifecycleNode):
         self._store: InputStore | None = None
         self._builder: ObservationBuilder | None = None
         self._input_subs: list = []
+        self._camera_watch: CameraWatch | None = None
         self._action_pub = self._language_pub = self._trajectory_pub = None
         self._control_timer = None
         self._worker: threading.Thread | None = None
         self._last_instruction = ""
+        self._cut_instruction = ""
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -163,26 +182,22 @@ class OxygenNode(LifecycleNode):
         and ros2/demos lifecycle_py do: an inactive node neither receives nor decodes anything)."""
         # the instruction is task state, not a stream: it survives a deactivate / activate cycle
         instruction = self._last_instruction or p.instruction
+        policy = self._loaded.policy
         self._store = store = InputStore(p.camera_names, p.joint_names, self.stats.rejected_inputs,
-                                         p.max_image_pixels, p.max_instruction_chars, instruction)
-        self._builder = ObservationBuilder(store, self._loaded.policy, p.max_image_age_s)
+                                         p.max_image_pixels, instruction_char_cap(p, policy), instruction,
+                                         node_clock_ns=lambda: self.get_clock().now().nanoseconds)
+        self._builder = ObservationBuilder(store, policy, p.max_image_age_s, p.max_joint_age_s,
+                                           max_camera_skew_s=p.max_camera_skew_s)
         reliability = ReliabilityPolicy.BEST_EFFORT if p.camera_reliability == "best_effort" \
             else ReliabilityPolicy.RELIABLE
         camera_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=reliability,
                                 durability=DurabilityPolicy.VOLATILE)
-        for i in range(len(p.camera_names)):
-            kind, handler = (CompressedImage, store.on_compressed) if p.compressed(i) else (Image, store.on_image)
-            cb = self._safe(lambda msg, i=i, handler=handler: handler(i, msg), "camera_callback")
-            self._input_subs.append(self.create_subscription(kind, p.camera_topic(i), cb, camera_qos,
-                                                             callback_group=self._input_group))
+        self._input_subs += self._camera_subscriptions(p, store, camera_qos)
         joint_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches any publisher
-        instruction_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
         self._input_subs.append(self.create_subscription(
             JointState, "joint_states", self._safe(store.on_joint_state, "joint_state_callback"), joint_qos,
             callback_group=self._input_group))
-        self._input_subs.append(self.create_subscription(
-            String, "instruction", self._safe(store.on_instruction, "instruction_callback"), instruction_qos,
-            callback_group=self._input_group))
+        self._input_subs += self._instruction_subscriptions(store)
         # node clock: follows /clock with use_sim_time. The timer only wakes the inference thread: a callback that
         # ran the whole frame would keep rclpy's multi-threaded executor busy-polling the still-ready timer,
         # starving inference of the GIL (measured: 7x slower frames).
@@ -191,6 +206,45 @@ class OxygenNode(LifecycleNode):
         self._worker = threading.Thread(target=self._inference_loop, name="oxygen-inference", daemon=True)
         self._worker.start()
         self._control_timer = self.create_timer(p.period_s, self._tick.set, self._control_group)
+
+    def _instruction_subscriptions(self, store: InputStore) -> list:
+        """Two subscriptions to ``instruction``: a transient-local one receives the instruction a latched publisher
+        sent before this node started (restarts, late joining); a volatile one receives volatile publishers, which
+        a transient-local subscription cannot match. The store drops the duplicates."""
+        def on_instruction(msg: String, info: dict) -> None:
+            try:
+                store.on_instruction(msg, info)
+            except Exception as e:  # never kill the executor
+                self.stats.errors.add("instruction_callback", f"{type(e).__name__}: {e}")
+
+        group = MutuallyExclusiveCallbackGroup()  # one instruction at a time: the newest applied last
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
+                              durability=DurabilityPolicy.VOLATILE)
+        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)  # volatile publishers: expected
+        return [self.create_subscription(String, "instruction", on_instruction, latched, callback_group=group,
+                                         event_callbacks=quiet),
+                self.create_subscription(String, "instruction", on_instruction, volatile, callback_group=group)]
+
+    def _camera_subscriptions(self, p: NodeParams, store: InputStore, qos: QoSProfile) -> list:
+        """One subscription per camera; its incompatible-QoS and message-lost events are counted and logged
+        (CameraWatch)."""
+        topics = [self.resolve_topic_name(p.camera_topic(i)) for i in range(len(p.camera_names))]
+        self._camera_watch = watch = CameraWatch(p.camera_names, topics, p.camera_reliability, self.stats.warnings)
+        subs = []
+        for i in range(len(p.camera_names)):
+            kind, handler = (CompressedImage, store.on_compressed) if p.compressed(i) else (Image, store.on_image)
+            cb = self._safe(lambda msg, i=i, handler=handler: handler(i, msg), "camera_callback")
+            events = SubscriptionEventCallbacks(
+                incompatible_qos=self._safe(lambda event, i=i: watch.on_incompatible_qos(
+                    i, event.total_count_change, getattr(event.last_policy_kind, "name", str(event.last_policy_kind))),
+                    "camera_qos_event"),
+                message_lost=self._safe(lambda event, i=i: watch.on_message_lost(i, event.total_count_change),
+                                        "camera_lost_event"))
+            subs.append(self.create_subscription(kind, p.camera_topic(i), cb, qos, callback_group=self._input_group,
+                                                 event_callbacks=events))
+        return subs
 
     def _stop_processing(self) -> None:
         """Stop the timer and the inference thread (after its running frame), destroy the subscriptions and drop
@@ -209,8 +263,9 @@ class OxygenNode(LifecycleNode):
             for sub in self._input_subs:
                 self.destroy_subscription(sub)
             self._input_subs, self._control_timer, self._worker = [], None, None
+            self._camera_watch = None
             if self._store is not None:
-                self._last_instruction = self._store.snapshot()[3] or ""
+                self._last_instruction = self._store.instruction or ""
             self._store = self._builder = None
             if self._runner is not None and self._runner.backlog:
                 self._runner.reset()
@@ -301,8 +356,12 @@ class OxygenNode(LifecycleNode):
     def _run_frame(self, built: BuiltObservation) -> None:
         p = self.params
         if built.prompt_truncated:
-            self.stats.rejected_inputs.add("prompt_truncated", "instruction + state exceed the model's "
+            self.stats.rejected_inputs.add("prompt_truncated", "the state alone exceeds the model's "
                                            "max_token_len; the prompt end is cut")
+        if built.instruction_cut and built.instruction != self._cut_instruction:  # once per instruction
+            self._cut_instruction = built.instruction
+            self.stats.rejected_inputs.add("instruction_truncated", f"{len(built.instruction)} chars do not fit "
+                                           "the model's prompt beside the state; the instruction is cut to fit")
         try:
             out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
                                     instruction=built.instruction, on_chunk=self._publish_actions)
@@ -329,7 +388,12 @@ class OxygenNode(LifecycleNode):
         self._action_pub.publish(make_action_chunk(chunk.actions, chunk.stamp_ns, chunk.frame_index, names, dt,
                                                    chunk.latency_s))
         if self._trajectory_pub is not None:
-            self._trajectory_pub.publish(make_trajectory(chunk.actions, names, dt))
+            trajectory = make_trajectory(chunk.actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds)
+            if trajectory is None:
+                self.stats.dropped_outputs.add("trajectory_expired", "every point of the chunk's trajectory lies in "
+                                               "the past (inference slower than the chunk)")
+            else:
+                self._trajectory_pub.publish(trajectory)
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def _publish_diagnostics(self) -> None:
@@ -337,9 +401,18 @@ class OxygenNode(LifecycleNode):
         horizon = runner.n_execute if runner is not None else 0
         p = self.params
         extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
+        store = self._store
+        if store is not None:
+            extra["instruction"] = (store.instruction or "")[:200]
+        warnings: list[str] = []
+        watch = self._camera_watch
+        if store is not None and watch is not None:  # per camera receive rate, image age, silent cameras
+            publishers = [self.count_publishers(topic) for topic in watch.topics]
+            values, warnings = watch.report(store.camera_status(), publishers, self.get_clock().now().nanoseconds)
+            extra.update(values)
         hardware = str(loaded.policy.model.device) if loaded is not None else "none"
         status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
-                                   runner.backlog if runner is not None else 0, horizon, extra)
+                                   runner.backlog if runner is not None else 0, horizon, extra, warnings)
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.status = [status]

@@ -1,11 +1,12 @@
 """ROS messages -> one prepared policy observation per control frame.
 
-:class:`InputStore` keeps the newest valid camera image, joint positions and instruction; subscription callbacks
-call its ``on_*`` methods, which validate and decode each message (off the control thread) and count every
-rejected message by reason. :class:`ObservationBuilder` turns the store's contents into the policy's model input at
-each control tick (:meth:`oxygen_ros.policy.Policy.prepare`: the checkpoint's own resize, normalisation and
-prompt), or says why the frame must be skipped (missing or stale camera, missing or non-finite state, no
-instruction): no action is computed from stale data.
+:class:`InputStore` keeps each camera's last few valid images, the joint positions and the instruction;
+subscription callbacks call its ``on_*`` methods, which validate each message cheaply (off the control thread;
+images are decoded only when a frame uses them) and count every rejected message by reason.
+:class:`ObservationBuilder` turns the store's contents into the policy's model input at each control tick: one
+image per camera, synchronised (:mod:`.camera_sync`), decoded once, then :meth:`oxygen_ros.policy.Policy.prepare`
+(the checkpoint's own resize, normalisation and prompt); or it says why the frame must be skipped (missing, stale
+or unsynchronised cameras, missing or non-finite state, no instruction): no action is computed from stale data.
 
 Nothing here needs a running node; the classes are unit-tested with plain messages.
 """
@@ -15,29 +16,95 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from oxygen_ros.policy import Policy, PreparedObservation, RawObservation
 
+from .camera_sync import best_match
 from .diagnostics import ReasonCounter
-from .image_conversion import SUPPORTED_ENCODINGS, ImageError, compressed_msg_to_array, image_msg_to_array
+from .image_conversion import (
+    SUPPORTED_ENCODINGS,
+    ImageError,
+    check_image_msg,
+    compressed_image_size,
+    compressed_msg_to_array,
+    image_msg_to_array,
+)
 from .stamps import stamp_to_ns
 
-__all__ = ["BuiltObservation", "CameraImage", "InputStore", "ObservationBuilder", "Skip"]
+__all__ = ["CAMERA_BUFFER_DEPTH", "FUTURE_TOLERANCE_S", "BuiltObservation", "CameraImage", "CameraStatus",
+           "InputStore", "ObservationBuilder", "Skip"]
+
+CAMERA_BUFFER_DEPTH = 4  # recent images kept per camera for synchronisation (~130 ms at 30 Hz)
+FUTURE_TOLERANCE_S = 0.1  # images stamped further ahead of the node clock are rejected (image_from_future)
+FUTURE_TOLERANCE_NS = int(FUTURE_TOLERANCE_S * 1e9)
+RATE_WINDOW_S = 2.0  # window of the per-camera receive rate
 
 
-@dataclass
+@dataclass(frozen=True)
+class CameraStatus:
+    """One camera's receive statistics (for /diagnostics)."""
+
+    name: str
+    received: int  # messages that reached the node (accepted or rejected)
+    rate_hz: float  # messages per second over the recent window
+    last_arrival: float | None  # monotonic time of the newest message
+    newest_stamp_ns: int | None  # header stamp of the newest accepted image
+
+
 class CameraImage:
-    """A decoded, validated camera image. The conversion to model input happens once, when a control frame first
-    uses it: cameras usually publish faster than the control rate, and most images are never used."""
+    """A validated camera message, decoded on first use (at most once).
 
-    rgb: np.ndarray  # uint8 [H, W, 3]
-    stamp_ns: int  # header stamp
-    received: float  # monotonic arrival time (for latency)
-    _pixels: np.ndarray | None = None
+    Cameras usually publish faster than the control rate and most images are never used, so arrival only runs
+    the cheap checks (sizes, encoding, data length, a compressed image's header); :attr:`rgb` decodes the message
+    the first time a control frame uses the image, and :meth:`pixels` converts it to model input once.
+    """
+
+    def __init__(self, msg: Any, compressed: bool, stamp_ns: int, received: float, camera: str = "") -> None:
+        self._msg: Any = msg
+        self.compressed = compressed
+        self.stamp_ns = stamp_ns  # header stamp
+        self.received = received  # monotonic arrival time (for latency)
+        self.camera = camera
+        self.error: ImageError | None = None  # set when decoding failed: the image is never used again
+        self._rgb: np.ndarray | None = None
+        self._pixels: np.ndarray | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def decoded(self) -> bool:
+        return self._rgb is not None
+
+    @property
+    def converted(self) -> bool:
+        return self._pixels is not None
+
+    @property
+    def rgb(self) -> np.ndarray:
+        """uint8 [H, W, 3], decoded from the message on first access.
+
+        Raises:
+            ImageError: the data does not decode (also on every later access).
+        """
+        with self._lock:
+            if self._rgb is None:
+                if self.error is not None:
+                    raise self.error
+                try:
+                    rgb = compressed_msg_to_array(self._msg) if self.compressed else image_msg_to_array(self._msg)
+                    if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8 or 0 in rgb.shape:
+                        raise ImageError(f"not an RGB uint8 image: {rgb.dtype} {rgb.shape}")
+                except ImageError as e:
+                    self.error = e
+                    raise
+                self._rgb, self._msg = rgb, None  # the message's buffer is no longer needed
+            return self._rgb
 
     def pixels(self, convert: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """float32 [3, S, S] in [-1, 1], converted by ``convert`` on first use."""
@@ -63,24 +130,33 @@ class BuiltObservation:
     received: float  # monotonic arrival of that newest image
     instruction: str
     state: np.ndarray  # robot-unit state in joint_names order (float64)
-    prompt_truncated: bool
+    prompt_truncated: bool  # the prompt's end (the state) was cut: the state alone overflows the prompt
+    instruction_cut: bool = False  # the instruction was cut at a token boundary so that the state fits
 
 
 class InputStore:
-    """Newest valid inputs, thread-safe. Every rejected message is counted in ``rejected`` by reason.
+    """Newest valid inputs, thread-safe: per camera its last CAMERA_BUFFER_DEPTH images (checked, not decoded),
+    the joint positions and the instruction. Every rejected message is counted in ``rejected`` by reason.
 
     Args:
         camera_names: configured cameras (index i = the i-th camera subscription).
         joint_names: joints to pick from JointState messages, in state order.
         rejected: counter of rejected inputs (logs are throttled per reason).
         max_image_pixels: larger images are rejected before decoding.
-        max_instruction_chars: longer instructions are truncated (counted).
+        max_instruction_chars: longer instructions are cut to this many characters (counted); 0 = no cap. The
+            exact limit is the prompt's: a frame whose prompt would overflow cuts the instruction at a token
+            boundary so that the state fits (:class:`oxygen_ros.policy.PreparedObservation`.instruction_cut).
         instruction: initial instruction ('' = none until one arrives).
+        clock: monotonic seconds, for arrival times (latency).
+        node_clock_ns: node time in nanoseconds, for joint ages (follows /clock in bag replay); None = ``clock``.
+            When given, camera stamps more than FUTURE_TOLERANCE_S ahead of it are rejected on arrival
+            (``image_from_future``); without it the builder drops them at the tick.
     """
 
     def __init__(self, camera_names: Sequence[str], joint_names: Sequence[str],
-                 rejected: ReasonCounter, max_image_pixels: int = 4096 * 4096, max_instruction_chars: int = 1000,
-                 instruction: str = "", clock: Callable[[], float] = time.monotonic) -> None:
+                 rejected: ReasonCounter, max_image_pixels: int = 4096 * 4096, max_instruction_chars: int = 0,
+                 instruction: str = "", clock: Callable[[], float] = time.monotonic,
+                 node_clock_ns: Callable[[], int] | None = None) -> None:
         self.camera_names = tuple(camera_names)
         self.joint_names = tuple(joint_names)
         self._joint_index = {n: i for i, n in enumerate(self.joint_names)}
@@ -88,18 +164,27 @@ class InputStore:
         self.max_image_pixels = int(max_image_pixels)
         self.max_instruction_chars = int(max_instruction_chars)
         self._clock = clock
+        self._node_clock_ns = node_clock_ns or (lambda: int(clock() * 1e9))
         self._lock = threading.Lock()
-        self._images: list[CameraImage | None] = [None] * len(self.camera_names)
+        self._images: list[CameraImage | None] = [None] * len(self.camera_names)  # newest accepted per camera
+        n_cams = len(self.camera_names)
+        self._buffers: list[deque[CameraImage]] = [deque(maxlen=CAMERA_BUFFER_DEPTH) for _ in range(n_cams)]
+        self._arrivals: list[deque[float]] = [deque(maxlen=512) for _ in range(n_cams)]  # monotonic, all messages
+        self._received = [0] * n_cams  # messages that reached the store (accepted or not)
+        self._stamp_clock_ns = node_clock_ns  # header stamps are compared with the node clock only when given
         self._positions = np.full(len(self.joint_names), np.nan)
         self._seen = np.zeros(len(self.joint_names), dtype=bool)
+        self._joint_arrival_ns = np.zeros(len(self.joint_names), dtype=np.int64)  # node clock, per joint
         self._instruction: str | None = None
+        self._instruction_seq: dict[str, int] = {}  # publisher -> newest sequence number taken
         if instruction:
             self._set_instruction(instruction)
 
     # ------------------------------------------------------------------------------------------ cameras
     def on_image(self, index: int, msg) -> bool:
-        """A ``sensor_msgs/Image`` for camera ``index``; returns whether it was accepted."""
-        cam = self.camera_names[index]
+        """A ``sensor_msgs/Image`` for camera ``index``: cheap checks now, decoding when a frame uses it; returns
+        whether it was accepted."""
+        cam = self._arrived(index)
         h, w, enc = int(msg.height), int(msg.width), str(msg.encoding)
         if h <= 0 or w <= 0:
             return self._reject("image_zero_size", f"{cam}: {w}x{h}")
@@ -109,34 +194,82 @@ class InputStore:
             return self._reject("image_bad_encoding", f"{cam}: {enc[:40]!r} (supported: "
                                 f"{', '.join(SUPPORTED_ENCODINGS)})")
         try:
-            rgb = image_msg_to_array(msg)
+            check_image_msg(msg)
         except ImageError as e:
             return self._reject("image_bad_data", f"{cam}: {e}")
-        return self._store(index, rgb, msg.header.stamp)
+        return self._store(index, msg, False)
 
     def on_compressed(self, index: int, msg) -> bool:
-        """A ``sensor_msgs/CompressedImage`` for camera ``index``; returns whether it was accepted."""
-        cam = self.camera_names[index]
-        size = len(msg.data)
+        """A ``sensor_msgs/CompressedImage`` for camera ``index``: size and (JPEG / PNG) header checked now,
+        decoded when a frame uses it; returns whether it was accepted."""
+        cam = self._arrived(index)
+        try:
+            size = len(msg.data)
+        except TypeError:
+            return self._reject("image_undecodable", f"{cam}: data is not a byte sequence")
         if size == 0:
             return self._reject("image_empty", f"{cam}: compressed image without data")
         if size > 3 * self.max_image_pixels:
             return self._reject("image_too_large", f"{cam}: {size} compressed bytes")
         try:
-            rgb = compressed_msg_to_array(msg)
+            dims = compressed_image_size(msg.data)
         except ImageError as e:
             return self._reject("image_undecodable", f"{cam}: {e}")
-        if rgb.shape[0] * rgb.shape[1] > self.max_image_pixels:
-            return self._reject("image_too_large", f"{cam}: {rgb.shape[1]}x{rgb.shape[0]}")
-        return self._store(index, rgb, msg.header.stamp)
+        if dims is not None and dims[0] * dims[1] > self.max_image_pixels:
+            return self._reject("image_too_large", f"{cam}: {dims[0]}x{dims[1]} > max_image_pixels="
+                                f"{self.max_image_pixels}")
+        return self._store(index, msg, True)
 
-    def _store(self, index: int, rgb: np.ndarray, stamp) -> bool:
-        if rgb.ndim != 3 or rgb.shape[2] != 3 or rgb.dtype != np.uint8 or 0 in rgb.shape:
-            return self._reject("image_bad_data", f"{self.camera_names[index]}: not an RGB uint8 image")
-        image = CameraImage(rgb, stamp_to_ns(stamp), self._clock())
+    def _arrived(self, index: int) -> str:
+        now = self._clock()
+        with self._lock:
+            self._received[index] += 1
+            self._arrivals[index].append(now)
+        return self.camera_names[index]
+
+    def _store(self, index: int, msg, compressed: bool) -> bool:
+        stamp_ns = stamp_to_ns(msg.header.stamp)
+        if stamp_ns <= 0:  # a driver that does not stamp: its age and the actions' time are unknown
+            return self._reject("image_unstamped", f"{self.camera_names[index]}: header.stamp is 0 (the node needs "
+                                "capture stamps to judge freshness, synchronise cameras and stamp the actions)")
+        if self._stamp_clock_ns is not None:
+            ahead = stamp_ns - self._stamp_clock_ns()
+            if ahead > FUTURE_TOLERANCE_NS:
+                return self._reject("image_from_future", f"{self.camera_names[index]}: stamped {ahead / 1e9:.3f} s "
+                                    "ahead of the node clock (unsynchronised clocks, or use_sim_time without "
+                                    "/clock?)")
+        image = CameraImage(msg, compressed, stamp_ns, self._clock(), self.camera_names[index])
         with self._lock:
             self._images[index] = image
+            self._buffers[index].append(image)
         return True
+
+    def camera_buffers(self) -> list[list[CameraImage]]:
+        """Per camera its recent accepted images (oldest first, at most CAMERA_BUFFER_DEPTH)."""
+        with self._lock:
+            return [list(b) for b in self._buffers]
+
+    def discard(self, index: int, image: CameraImage) -> None:
+        """Drop ``image`` from camera ``index``'s buffer (it failed to decode, or is unusable)."""
+        with self._lock:
+            if image in self._buffers[index]:
+                self._buffers[index].remove(image)
+            if self._images[index] is image:
+                self._images[index] = self._buffers[index][-1] if self._buffers[index] else None
+
+    def camera_status(self, window_s: float = RATE_WINDOW_S) -> list[CameraStatus]:
+        """Per camera: messages received, receive rate over the last ``window_s`` seconds, newest accepted image."""
+        now = self._clock()
+        with self._lock:
+            out = []
+            for i, name in enumerate(self.camera_names):
+                arrivals = self._arrivals[i]
+                recent = sum(1 for t in arrivals if now - t <= window_s)
+                newest = self._images[i]
+                out.append(CameraStatus(name, self._received[i], recent / window_s,
+                                        arrivals[-1] if arrivals else None,
+                                        None if newest is None else newest.stamp_ns))
+            return out
 
     # ------------------------------------------------------------------------------------------ state
     def on_joint_state(self, msg) -> bool:
@@ -152,24 +285,44 @@ class InputStore:
         dst, src = (np.array(x, dtype=np.intp) for x in zip(*picks, strict=True))
         values = positions[src]
         finite = bool(np.all(np.isfinite(values)))
+        arrival = self._node_clock_ns()
         with self._lock:
             self._positions[dst] = values  # non-finite values are stored: the state is invalid until fixed
             self._seen[dst] = True
+            self._joint_arrival_ns[dst] = arrival
         if not finite:
             bad = [self.joint_names[i] for i, v in zip(dst, values, strict=True) if not math.isfinite(v)]
             return self._reject("state_not_finite", f"non-finite position for {', '.join(bad[:5])}")
         return True
 
     # ------------------------------------------------------------------------------------------ instruction
-    def on_instruction(self, msg) -> bool:
-        """A ``std_msgs/String`` instruction (stripped; too long ones are truncated and counted)."""
+    def on_instruction(self, msg, info: Mapping[str, Any] | None = None) -> bool:
+        """A ``std_msgs/String`` instruction (stripped; too long ones are cut and counted).
+
+        ``info`` is rclpy's message info: the node subscribes twice (a transient-local subscription for latched
+        instructions, a volatile one for volatile publishers), so a transient-local publisher's messages arrive
+        twice; a message not newer than the last one taken from the same publisher is ignored (not counted).
+        """
+        if info is not None and self._seen_before(info):
+            return False
         return self._set_instruction(str(msg.data))
 
+    def _seen_before(self, info: Mapping[str, Any]) -> bool:
+        gid, seq = info.get("publisher_gid"), info.get("publication_sequence_number")
+        if gid is None or seq is None:
+            return False
+        key = repr(gid.get("data", gid) if isinstance(gid, Mapping) else gid)
+        with self._lock:
+            if seq <= self._instruction_seq.get(key, -1):
+                return True
+            self._instruction_seq[key] = int(seq)
+        return False
+
     def _set_instruction(self, text: str) -> bool:
-        if len(text) > self.max_instruction_chars:
-            self._reject("instruction_truncated", f"{len(text)} chars > max_instruction_chars="
-                         f"{self.max_instruction_chars}")
-            text = text[: self.max_instruction_chars]
+        cap = self.max_instruction_chars
+        if cap and len(text) > cap:
+            self._reject("instruction_truncated", f"{len(text)} chars > max_instruction_chars={cap}")
+            text = text[:cap]
         text = text.strip()
         if not text:
             return self._reject("instruction_empty", "empty instruction ignored")
@@ -181,6 +334,17 @@ class InputStore:
     def _reject(self, reason: str, detail: str) -> bool:
         self.rejected.add(reason, detail)
         return False
+
+    @property
+    def instruction(self) -> str | None:
+        """The current instruction (None until one arrives)."""
+        with self._lock:
+            return self._instruction
+
+    def joint_arrivals_ns(self) -> np.ndarray:
+        """Node-clock arrival time of each joint's newest position (0 = never)."""
+        with self._lock:
+            return self._joint_arrival_ns.copy()
 
     def snapshot(self) -> tuple[list[CameraImage | None], np.ndarray, np.ndarray, str | None]:
         """(images per camera, positions, seen mask, instruction), consistent with each other."""
@@ -195,9 +359,14 @@ class ObservationBuilder:
         store: the inputs (its camera names are the policy's camera slots they feed).
         policy: the checkpoint's contract (image conversion, normalisation, prompt).
         max_age_s: images older than this (node clock) make the frame stale.
+        max_joint_age_s: joint positions that arrived longer ago than this make the frame stale; 0 = no limit.
+        max_camera_skew_s: the images of one observation lie within this many seconds of each other, chosen
+            from each camera's buffer as an approximate-time synchroniser does (:mod:`.camera_sync`); 0 = equal
+            stamps (hardware-triggered cameras); negative = no synchronisation (each camera's newest image).
     """
 
-    def __init__(self, store: InputStore, policy: Policy, max_age_s: float) -> None:
+    def __init__(self, store: InputStore, policy: Policy, max_age_s: float, max_joint_age_s: float = 0.0,
+                 max_camera_skew_s: float = 0.1) -> None:
         unknown = [c for c in store.camera_names if c not in policy.spec.camera_slots]
         if unknown:
             raise ValueError(f"camera_names {unknown} are not camera slots of the model "
@@ -205,24 +374,103 @@ class ObservationBuilder:
         self.store = store
         self.policy = policy
         self.max_age_ns = int(max_age_s * 1e9)
+        self.max_skew_ns = round(max_camera_skew_s * 1e9)  # < 0: no synchronisation (each camera's newest image)
+        self._pool: ThreadPoolExecutor | None = None  # decodes a frame's images concurrently
+        self.max_joint_age_ns = int(max_joint_age_s * 1e9)
+
+    def _select_images(self, now_ns: int) -> list[CameraImage] | Skip:
+        """One usable image per camera (fresh, not from the future, not known bad), synchronised; or why not."""
+        names, usable_per_camera = self.store.camera_names, []
+        for index, (name, buffer) in enumerate(zip(names, self.store.camera_buffers(), strict=True)):
+            usable, newest_age = [], None
+            for image in buffer:
+                if image.error is not None:
+                    continue
+                age = now_ns - image.stamp_ns
+                if -age > FUTURE_TOLERANCE_NS:  # only reaches here when the store had no node clock
+                    self.store.discard(index, image)
+                    self.store.rejected.add("image_from_future", f"{name}: stamped {-age / 1e9:.3f} s ahead of "
+                                            "the node clock")
+                    continue
+                newest_age = age
+                if age <= self.max_age_ns:
+                    usable.append(image)
+            if not usable:
+                if newest_age is None:
+                    return Skip("missing_camera", f"no image from {name} yet")
+                return Skip("stale_camera", f"{name} newest image is {newest_age / 1e9:.3f} s old (max "
+                            f"{self.max_age_ns / 1e9:g} s)")
+            usable_per_camera.append(usable)
+        if self.max_skew_ns < 0:
+            return [max(u, key=lambda im: im.stamp_ns) for u in usable_per_camera]
+        match = best_match([[im.stamp_ns for im in u] for u in usable_per_camera])
+        assert match is not None  # every camera has a candidate
+        if not match.within(self.max_skew_ns):
+            newest = ", ".join(f"{n} {(now_ns - max(im.stamp_ns for im in u)) / 1e9:.3f} s"
+                               for n, u in zip(names, usable_per_camera, strict=True))
+            return Skip("camera_skew", f"no image set within max_camera_skew_s={self.max_skew_ns / 1e9:g}: best "
+                        f"spread {match.spread_ns / 1e9:.3f} s (newest image ages: {newest})")
+        return [u[j] for u, j in zip(usable_per_camera, match.indices, strict=True)]
+
+    def _decode(self, now_ns: int, chosen: list[CameraImage]) -> list[CameraImage] | Skip:
+        """Decode (once per image) and convert the chosen images; an image whose data turns out bad is counted as
+        a rejected input, dropped, and the set is chosen again without it."""
+        while True:
+            failed = self._convert(chosen)
+            if not failed:
+                return chosen
+            for index, image, error in failed:
+                reason = "image_undecodable" if image.compressed else "image_bad_data"
+                self.store.rejected.add(reason, f"{image.camera}: {error} (found when decoding it for a frame)")
+                self.store.discard(index, image)
+            chosen = self._select_images(now_ns)
+            if isinstance(chosen, Skip):
+                return chosen
+
+    def _convert(self, chosen: list[CameraImage]) -> list[tuple[int, CameraImage, ImageError]]:
+        """Decode + convert the images not converted yet, concurrently (OpenCV releases the GIL); the failures."""
+        convert = self.policy.convert_image
+
+        def one(image: CameraImage) -> ImageError | None:
+            try:
+                image.pixels(convert)
+            except ImageError as e:
+                return e
+            return None
+
+        pending = [i for i, image in enumerate(chosen) if not image.converted]
+        if len(pending) > 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=min(4, len(chosen)), thread_name_prefix="oxygen-decode")
+            errors = list(self._pool.map(lambda i: one(chosen[i]), pending))
+        else:
+            errors = [one(chosen[i]) for i in pending]
+        return [(i, chosen[i], e) for i, e in zip(pending, errors, strict=True) if e is not None]
 
     def build(self, now_ns: int) -> BuiltObservation | Skip:
         """The observation for a tick at node time ``now_ns``, or why the tick is skipped."""
         images, positions, seen, instruction = self.store.snapshot()
-        for name, image in zip(self.store.camera_names, images, strict=True):
-            if image is None:
-                return Skip("missing_camera", f"no image from {name} yet")
-            age = now_ns - image.stamp_ns
-            if abs(age) > self.max_age_ns:
-                return Skip("stale_camera", f"{name} image is {age / 1e9:.3f} s old (max {self.max_age_ns / 1e9:g} s)")
+        chosen = self._select_images(now_ns)  # synchronised, not decoded yet
+        if isinstance(chosen, Skip):
+            return chosen
         if not seen.all():
             missing = [n for n, s in zip(self.store.joint_names, seen, strict=True) if not s]
             return Skip("no_state", f"no position yet for {', '.join(missing[:5])}")
+        if self.max_joint_age_ns > 0:
+            ages = now_ns - self.store.joint_arrivals_ns()
+            stale = np.flatnonzero(ages > self.max_joint_age_ns)
+            if stale.size:
+                shown = ", ".join(f"{self.store.joint_names[i]} {ages[i] / 1e9:.2f} s" for i in stale[:5])
+                return Skip("stale_joint_state", f"{stale.size} joint(s) not updated within max_joint_age_s="
+                            f"{self.max_joint_age_ns / 1e9:g}: {shown}")
         if not np.all(np.isfinite(positions)):
             return Skip("invalid_state", "joint state has NaN/Inf")
         if instruction is None:
             return Skip("no_instruction", "waiting for /instruction")
 
+        images = self._decode(now_ns, chosen)  # only the images this frame uses are decoded
+        if isinstance(images, Skip):
+            return images
         names = self.store.camera_names
         raw = RawObservation({n: im.rgb for n, im in zip(names, images, strict=True)}, positions, instruction)
         converted = {n: im.pixels(self.policy.convert_image) for n, im in zip(names, images, strict=True)}
@@ -230,6 +478,6 @@ class ObservationBuilder:
             prepared = self.policy.prepare(raw, converted)
         except ValueError as e:
             return Skip("bad_input", str(e))
-        newest = max(images, key=lambda im: im.stamp_ns)
+        newest = max(images, key=lambda im: im.stamp_ns)  # the observation stamp rule: newest camera stamp used
         return BuiltObservation(prepared, newest.stamp_ns, newest.received, instruction, positions,
-                                prepared.prompt_truncated)
+                                prepared.prompt_truncated, prepared.instruction_cut)

@@ -152,10 +152,18 @@ class NodeParams:
         'Camera QoS reliability: best_effort (sensor data) | reliable. History is KEEP_LAST depth 1.',
         choices=RELIABILITIES)
     max_image_age_s: float = param(0.5,
-        "Skip the frame when a camera's newest image is older than this, or stamped this far in the future "
-        '(node clock).', positive=True)
+        "Skip the frame when a camera's newest image is older than this (node clock). Images stamped more "
+        'than 0.1 s ahead of the node clock are rejected (image_from_future).', positive=True)
+    max_camera_skew_s: float = param(0.1,
+        "Images of one observation lie within this many seconds of each other: chosen from each camera's last "
+        '4 images as an approximate-time synchroniser does (smallest spread, then newest); no such set skips '
+        'the frame (camera_skew). 0 = equal stamps (hardware-triggered cameras); negative = no synchronisation '
+        "(each camera's newest image).")
     max_image_pixels: int = param(4096 * 4096, 'Reject images with more pixels than this.', minimum=1)
     joint_names: tuple[str, ...] = param((), 'Joints read from /joint_states, in model state order (required).')
+    max_joint_age_s: float = param(0.25,
+        'Skip the frame when any joint position is older than this (arrival, node clock): a stopped '
+        'joint_states stream, or one joint no longer published. 0 = no limit.', minimum=0.0)
     action_names: tuple[str, ...] = param((),
         "Names of the robot's action dimensions (ActionChunk.joint_names, JointTrajectory joints); [] = "
         'joint_names. Its length is the published action dim.')
@@ -163,7 +171,10 @@ class NodeParams:
         "Per action dim: true = the model predicts a delta added to the state; [] = the checkpoint's rule "
         "(LeRobot relative actions, openpi's data config). Only for checkpoints that define none.")
     instruction: str = param('', "Instruction used until one arrives on /instruction ('' = wait).")
-    max_instruction_chars: int = param(1000, 'Longer instructions are truncated (counted, warned).', minimum=1)
+    max_instruction_chars: int = param(0,
+        "Longer instructions are cut on arrival (counted, warned); 0 = 8 x the model's max_token_len, more "
+        "than any text that fits its prompt. A frame whose prompt would overflow cuts the instruction at a token "
+        'boundary so that the state fits (counted and warned once per instruction).', minimum=0)
     # --- timing and outputs
     control_rate_hz: float = param(10.0, 'Control frames per second (one engine step per frame).', positive=True)
     action_rate_hz: float = param(0.0,

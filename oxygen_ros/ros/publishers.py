@@ -11,7 +11,7 @@ from trajectory_msgs.msg import JointTrajectory, JointTrajectoryPoint
 from oxygen_ros.engine.requests import FinishedRequest
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 
-from .stamps import duration_msg, time_msg
+from .stamps import NS_PER_S, duration_msg, time_msg
 
 __all__ = ["duration_msg", "language_output", "make_action_chunk", "make_trajectory", "time_msg"]
 
@@ -31,19 +31,30 @@ def make_action_chunk(actions: np.ndarray, stamp_ns: int, frame_index: int, name
     return msg
 
 
-def make_trajectory(actions: np.ndarray, names: Sequence[str], dt_s: float, stamp_ns: int = 0) -> JointTrajectory:
-    """JointTrajectory for ros2_control's joint_trajectory_controller: point i at (i + 1) * dt after
-    ``stamp_ns`` (0 = start on receipt), so the first point is in the future and times strictly increase."""
+def make_trajectory(actions: np.ndarray, names: Sequence[str], dt_s: float, stamp_ns: int = 0,
+                    now_ns: int | None = None) -> JointTrajectory | None:
+    """JointTrajectory for ros2_control's joint_trajectory_controller, on the action timing rule: action i is the
+    target for ``stamp + (i + 1) * dt``, so ``header.stamp`` = the observation time and point i's
+    ``time_from_start`` = (i + 1) * dt (``stamp_ns`` 0: start on receipt).
+
+    Points whose time is not after ``now_ns`` are dropped (their time_from_start is kept, so the rest stay on
+    the observation's time line): the controller would pass over them anyway, sampling the trajectory at its own
+    now and interpolating from the current state to the first future point, and it rejects a trajectory with a
+    non-zero stamp that ends in the past. None when no point is left.
+    """
     msg = JointTrajectory()
     msg.header.stamp = time_msg(stamp_ns)
     msg.joint_names = list(names)
     rows = np.asarray(actions, dtype=np.float64)
+    dt_ns = round(dt_s * NS_PER_S)
     for i, row in enumerate(rows):
+        if now_ns is not None and stamp_ns and stamp_ns + (i + 1) * dt_ns <= now_ns:
+            continue
         point = JointTrajectoryPoint()
         point.positions = row.tolist()
         point.time_from_start = duration_msg((i + 1) * dt_s)
         msg.points.append(point)
-    return msg
+    return msg if msg.points else None
 
 
 def language_output(done: FinishedRequest) -> LanguageOutput:

@@ -102,6 +102,7 @@ class Probe:
         self._spin_thread.start()
         self._stream_timer = None
         self._stream_cameras: set[str] | None = None
+        self.stream_joints: list[str] | None = None  # joints each frame publishes (None = all, [] = none)
         self._t0 = time.monotonic()
         self.sent_stamps: list[int] = []
 
@@ -216,7 +217,9 @@ class Probe:
                 else:
                     msg = array_to_image_msg(rgb, stamp, frame_id=cam)
                 self.camera_pubs[cam].publish(msg)
-        self.publish_joints(t, stamp_ns=stamp)
+        joints = self.joint_names if self.stream_joints is None else self.stream_joints
+        if joints:
+            self.publish_joints(t, names=joints, stamp_ns=stamp)
         with self._lock:
             self.sent_stamps.append(stamp)
         return stamp
