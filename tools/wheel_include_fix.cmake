@@ -1,14 +1,15 @@
 # The ROS 2 PyPI wheels' include-directory pitfall, fixed for an interface package whose CMakeLists.txt we do not
 # own (e.g. the pristine upstream composition_interfaces that ../shared/ros2_launch ships). tools/build_msgs.sh
 # passes this file as -DCMAKE_PROJECT_INCLUDE, so it runs right after the package's project(); the fix itself is
-# deferred to the end of the top-level CMakeLists.txt, when rosidl_generate_interfaces has imported the targets.
+# then deferred to the end of the top-level CMakeLists.txt, when rosidl_generate_interfaces has imported the
+# targets. This repository's CMakeLists.txt include()s it and calls oxygen_wheel_include_fix() itself.
 #
 # The wheels' exported <pkg>__rosidl_generator_py targets carry include dirs of the wheel build machine
 # (/opt/python/...), which CMake rejects as non-existent: drop the ones that do not exist and add the local Python
 # and NumPy headers instead (the same fix as in this repository's CMakeLists.txt). A no-op where every path exists.
 include_guard(GLOBAL)
 
-function(_oxygen_wheel_include_fix)
+function(oxygen_wheel_include_fix)
   get_property(_targets DIRECTORY "${CMAKE_SOURCE_DIR}" PROPERTY IMPORTED_TARGETS)
   set(_local_includes ${Python3_INCLUDE_DIRS} ${Python3_NumPy_INCLUDE_DIRS})
   foreach(_tgt IN LISTS _targets)
@@ -40,4 +41,6 @@ function(_oxygen_wheel_include_fix)
   endforeach()
 endfunction()
 
-cmake_language(DEFER DIRECTORY "${CMAKE_SOURCE_DIR}" CALL _oxygen_wheel_include_fix)
+if(CMAKE_PROJECT_INCLUDE)  # injected into a package we do not own: run at the end of its CMakeLists.txt
+  cmake_language(DEFER DIRECTORY "${CMAKE_SOURCE_DIR}" CALL oxygen_wheel_include_fix)
+endif()
