@@ -5,15 +5,20 @@
 #   CONFIG=tiny DEVICE=cpu FRAMES=2 OUT=/tmp/gpu scripts/gpu_bench.sh     # rehearse it without a GPU
 #
 # Points: N=30 isolated / oxygen k=1 / oxygen k=5 and N=5 isolated / shared_kv (the issue's headline), plus the
-# memory suite (shared_kv and parallel at N=30, torch.cuda.max_memory_allocated per point). Two passes of
-# oxygen_ros.bench.sweep into the same resumable directory:
-#   1. eager (torch.compile off): headline + memory;
-#   2. the headline points again with torch.compile (mode "default"), under its own timeout, so the eager
-#      results stand even if compilation is slow; its summary adds the compiled points and speedup_vs_compile_off.
+# memory suite (shared_kv and parallel at N=30, torch.cuda.max_memory_allocated per point). Three passes, each
+# under its own timeout so the earlier results stand whatever happens later:
+#   1. oxygen_ros.bench.sweep, eager (torch.compile off): headline + memory;
+#   2. oxygen_ros.bench.frame_overhead -> $OUT/frame_overhead: fused vs eager stages (prefill, denoise, decode at
+#      B=1/6/30), oxygen vs isolated at N=30 (k=5) with speculation off and on (random weights reject the drafts:
+#      its overhead), median-based frame statistics and host stalls, and speculation on/off on the toy model's
+#      memory stream (tokens/s, request latency in frames). PRECISION=bfloat16_islands (default) is openpi's
+#      bf16 with float32 islands (engine/precision.py). CUDA graphs are not implemented yet: no graphs point;
+#   3. the headline points again with torch.compile (mode "default"); its summary adds the compiled points and
+#      speedup_vs_compile_off.
 # Runs from the working tree (PYTHONPATH=.) with what the machine has (python, torch, numpy, safetensors);
 # installs nothing. Without matplotlib there, the JSON and summary.md are written but no PNG: draw them later
 # with `python -m oxygen_ros.bench.sweep_plots runs/gpu`. Expected wall time on an H100/H200: model build
-# ~0.5-1 min per pass, eager points ~1-2 min, compilation ~1-3 min: under 8 minutes (the timeouts cap it at 7.5).
+# ~0.5-1 min per pass, eager points ~1-2 min, compilation ~1-3 min: under 8 minutes (the timeouts cap it at 7.8).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -22,6 +27,7 @@ CONFIG=${CONFIG:-pi05}
 DEVICE=${DEVICE:-cuda}
 DTYPE=${DTYPE:-bfloat16}
 FRAMES=${FRAMES:-20}
+PRECISION=${PRECISION:-bfloat16_islands}
 PYTHON=${PYTHON:-python3}
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p "$OUT"
@@ -32,13 +38,18 @@ command -v nvidia-smi >/dev/null && nvidia-smi
 
 ARGS=(--mode full --config "$CONFIG" --device "$DEVICE" --dtype "$DTYPE" --frames "$FRAMES" --out "$OUT")
 start=$SECONDS
-timeout 240 "$PYTHON" -m oxygen_ros.bench.sweep "${ARGS[@]}" --suite headline memory --compile off \
+timeout 200 "$PYTHON" -m oxygen_ros.bench.sweep "${ARGS[@]}" --suite headline memory --compile off \
   || echo "eager pass failed or timed out (rc=$?)"
 echo "eager pass: $((SECONDS - start)) s"
-timeout 210 "$PYTHON" -m oxygen_ros.bench.sweep "${ARGS[@]}" --suite headline memory --compile off default \
+timeout 120 "$PYTHON" -m oxygen_ros.bench.frame_overhead --config "$CONFIG" --device "$DEVICE" --dtype "$DTYPE" \
+  --precision "$PRECISION" --repeats 7 --k 5 --frames "$((FRAMES / 2 > 2 ? FRAMES / 2 : 2))" --episodes 2 \
+  --out "$OUT/frame_overhead" || echo "frame-overhead pass failed or timed out (rc=$?)"
+echo "frame-overhead pass: $((SECONDS - start)) s"
+timeout 150 "$PYTHON" -m oxygen_ros.bench.sweep "${ARGS[@]}" --suite headline memory --compile off default \
   || echo "compile pass failed or timed out (rc=$?): the eager results stand"
 echo "total: $((SECONDS - start)) s"
 
 "$PYTHON" -c "import matplotlib" 2>/dev/null \
   || echo "no matplotlib here, so no PNG: run python -m oxygen_ros.bench.sweep_plots $OUT on a workstation"
 cat "$OUT/summary.md" 2>/dev/null || echo "no summary written"
+cat "$OUT/frame_overhead/summary.md" 2>/dev/null || echo "no frame-overhead summary written"

@@ -17,6 +17,7 @@ def add_derived(points: list[dict], profile: dict) -> None:
         base = next((q for q in points if q["engine"] == "isolated" and q["N"] == p["N"]), None)
         if base:
             p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
+            p["speedup_vs_isolated_median"] = base["frame_ms_median"] / p["frame_ms_median"]
             p["token_rate_vs_isolated"] = p["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
             p["predicted_speedup"] = base["predicted_frame_ms"] / p["predicted_frame_ms"]
             p["memory_vs_isolated"] = p["memory_bytes"] / base["memory_bytes"]
@@ -24,15 +25,16 @@ def add_derived(points: list[dict], profile: dict) -> None:
 
 def markdown_table(points: list[dict]) -> str:
     """One row per point: frequency, throughput, frame time, measured and predicted speedup, shares, memory."""
-    rows = ["| engine | N | k | action Hz | tokens/s | frame ms (p99) | speedup | predicted | tokens/s x "
-            "| manager % | other % | mean batch | memory x |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| engine | N | k | action Hz | median Hz | tokens/s | frame ms (p99) | stalls | speedup | median "
+            "speedup | predicted | tokens/s x | manager % | other % | mean batch | memory x |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     nan = float("nan")
     for p in points:
         k = p["k"] if p["engine"] == "oxygen" else "-"
         rows.append(
-            f"| {p['engine']} | {p['N']} | {k} | {p['action_hz']:.1f} | {p['tokens_per_s']:.1f} | "
-            f"{p['frame_ms_mean']:.0f} ({p['frame_ms_p99']:.0f}) | {p.get('speedup_vs_isolated', nan):.2f}x | "
+            f"| {p['engine']} | {p['N']} | {k} | {p['action_hz']:.1f} | {p['action_hz_median']:.1f} | "
+            f"{p['tokens_per_s']:.1f} | {p['frame_ms_mean']:.0f} ({p['frame_ms_p99']:.0f}) | {p['host_stalls']} | "
+            f"{p.get('speedup_vs_isolated', nan):.2f}x | {p.get('speedup_vs_isolated_median', nan):.2f}x | "
             f"{p.get('predicted_speedup', nan):.2f}x | {p.get('token_rate_vs_isolated') or nan:.2f}x | "
             f"{100 * p['manager_share']:.2f} | {100 * p.get('unaccounted_share', nan):.2f} | {p['batch_mean']:.1f} | "
             f"{p.get('memory_vs_isolated', nan):.3f} |")

@@ -19,6 +19,16 @@ from oxygen_ros.engine.requests import Frame, FrameResult
 from oxygen_ros.engine.workload import Workload
 
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager", "frame")
+STALL_FACTOR = 5.0  # a frame over 5x the median frame time is a host stall (a noisy neighbour), not the engine
+
+
+def frame_statistics(frame_s: list[float], horizon: int) -> dict:
+    """Median-based frame statistics beside the mean-based action frequency: median frame time and the action
+    frequency it gives, the frames over ``STALL_FACTOR`` x the median (host stalls) and the mean without them."""
+    median = statistics.median(frame_s)
+    calm = [t for t in frame_s if t <= STALL_FACTOR * median]
+    return {"frame_ms_median": 1e3 * median, "action_hz_median": horizon / median,
+            "host_stalls": len(frame_s) - len(calm), "frame_ms_mean_without_stalls": 1e3 * statistics.fmean(calm)}
 
 
 def machine_info(device: torch.device) -> dict:
@@ -123,13 +133,15 @@ def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, 
     batches = [b for r in records for b in r.batch_sizes]
     stage = {s: sum(r.timings.get(s, 0.0) for r in records) / len(records) for s in STAGES}
     return {
-        "engine": ec.mode, "k": ec.k, "N": workload.max_new_tokens, "S": ec.num_steps, "H": horizon,
+        "engine": ec.mode, "k": ec.k, "speculate": ec.speculate, "N": workload.max_new_tokens, "S": ec.num_steps,
+        "H": horizon,
         "workload": asdict(workload),
         "frames": len(records),
         "action_hz": horizon * len(records) / total,
         "tokens_per_s": sum(r.tokens_generated for r in records) / total,
         "frame_ms_mean": 1e3 * total / len(records),
         "frame_ms_p99": 1e3 * frame_times[min(len(frame_times) - 1, int(0.99 * len(frame_times)))],
+        **frame_statistics(frame_times, horizon),
         "stage_ms": {s: 1e3 * v for s, v in stage.items()},
         "manager_share": stage["manager"] / stage["frame"],
         # frame time not spent in a measured stage: what the engine adds beyond the model's work
@@ -140,6 +152,8 @@ def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, 
         "deadline_misses": sum(r.timings["frame"] > deadline for r in records) if deadline else None,
         "backlog_end": engine.backlog,
         "rejected": sum(r.rejected for r in records),
+        "drafted": sum(r.drafted for r in records),
+        "draft_accepted": sum(r.draft_accepted for r in records),
         "memory_bytes": engine.memory_bytes(),
         "num_heads": 1 + (len(heads) if heads else 0),
     }

@@ -21,6 +21,7 @@ from .model import Pi05Model
 from .modes import EngineConfig, ModeSpec
 from .requests import ActionCallback, Frame, FrameResult
 from .scheduler import RequestState
+from .speculative import acceptance_rate
 
 # Each parallel worker runs the isolated pipeline: one slot, its own prefill, requests to completion.
 WORKER_SPEC = ModeSpec(batched=False, reprefill=True)
@@ -53,7 +54,7 @@ class ParallelEngine:
         self.config = config
         self.action_worker = action_worker
         self.language_worker = language_worker
-        self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0}
+        self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0, "drafted": 0, "draft_accepted": 0}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="language-worker")
 
     @classmethod
@@ -83,6 +84,11 @@ class ParallelEngine:
         """Unfinished language requests, as ``Engine.inflight`` (empty between frames)."""
         return self.action_worker.inflight + self.language_worker.inflight
 
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Speculative decoding: accepted / drafted tokens so far (None before any draft)."""
+        return acceptance_rate(self.totals)
+
     def memory_bytes(self) -> int:
         """Parameters + KV pools of both workers."""
         return self.action_worker.memory_bytes() + self.language_worker.memory_bytes()
@@ -96,6 +102,7 @@ class ParallelEngine:
         lr = language.result()
         result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
         result.batch_sizes, result.decode_steps, result.rejected = lr.batch_sizes, lr.decode_steps, lr.rejected
+        result.drafted, result.draft_accepted = lr.drafted, lr.draft_accepted
         for stage in ("language_prefill", "decode"):
             result.timings[stage] = lr.timings.get(stage, 0.0)
         result.timings["frame"] = time.perf_counter() - t0
@@ -103,6 +110,8 @@ class ParallelEngine:
         self.totals["dropped"] += result.dropped
         self.totals["finished"] += len(result.finished)
         self.totals["tokens"] += result.tokens_generated
+        self.totals["drafted"] += result.drafted
+        self.totals["draft_accepted"] += result.draft_accepted
         return result
 
     def close(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from .layers import GemmaStack
+
 MAX_ROWS = 64  # oneDNN only for small row counts (decode, denoise)
 MIN_WEIGHT = 1 << 20  # ... and for matrices large enough to amortise the format conversion
 
@@ -44,9 +46,14 @@ class OneDNNLinear(nn.Linear):
 
 
 def use_onednn(model: nn.Module) -> int:
-    """Turn every ``nn.Linear`` of ``model`` into a packed ``OneDNNLinear``; returns how many were converted."""
+    """Turn every ``nn.Linear`` of ``model`` into a packed ``OneDNNLinear`` and pack the fused projections of its
+    Gemma stacks (``fusion.py``); returns how many ``nn.Linear`` were converted."""
     if not onednn_available():
         return 0
+    for module in model.modules():
+        if isinstance(module, GemmaStack) and module.layers[0].mlp.down_proj.weight.dtype == torch.float32 \
+                and not module.layers[0].mlp.down_proj.weight.is_cuda:
+            module.fused(pack=True)
     n = 0
     for name, module in model.named_modules():
         if name.endswith("lm_head"):

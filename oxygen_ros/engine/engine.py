@@ -25,6 +25,7 @@ from .modes import ENGINE_MODES, UNBOUNDED, EngineConfig, ModeSpec
 from .observation import Observation
 from .requests import ActionCallback, FinishedRequest, Frame, FrameResult, LanguageRequest
 from .scheduler import BudgetController, RequestState, Scheduler, SlotAllocator
+from .speculative import DraftSource, LastOutputDrafts, acceptance_rate
 from .timing import Stopwatch
 
 MODES = ENGINE_MODES  # the old name
@@ -58,6 +59,7 @@ class Engine:
         adapter_tasks: set[str] | None = None,
         detokenize: Callable[[list[int]], str] | None = None,
         spec: ModeSpec | None = None,
+        drafts: DraftSource | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.config.validate()
@@ -66,10 +68,13 @@ class Engine:
             raise ValueError("a concurrent mode runs two engines: build it with build_engine() (a ParallelEngine)")
         num_slots = self.config.max_inflight + 1 if self.spec.batched else 1
         self.runner = ModelRunner(model, self.config, num_slots, heads, adapter, adapter_tasks)
-        self.scheduler = Scheduler(self.config, num_slots, batched=self.spec.batched)
+        if self.config.speculate and drafts is None:
+            drafts = LastOutputDrafts()
+        self.scheduler = Scheduler(self.config, num_slots, batched=self.spec.batched,
+                                   drafts=drafts if self.config.speculate else None)
         self.detokenize = detokenize
         self.frame_index = 0
-        self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0}
+        self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0, "drafted": 0, "draft_accepted": 0}
 
     # ------------------------------------------------------------------------------------------ public API
     @property
@@ -101,6 +106,11 @@ class Engine:
     def cache(self) -> KVCache:
         """The KV pool."""
         return self.runner.cache
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Speculative decoding: accepted / drafted tokens so far (None before any draft)."""
+        return acceptance_rate(self.totals)
 
     def memory_bytes(self) -> int:
         """Parameters + KV pool of this engine."""
@@ -181,6 +191,8 @@ class Engine:
         """Batched decode forwards until nothing in flight has budget left: each advances its rows by one position."""
         sched, sw = self.scheduler, run.sw
         k = sched.frame_budget()
+        if sched.drafts is not None:
+            return self._decode_speculative(run, k)
         while True:
             with sw("manager"):
                 batch = sched.schedule(k)
@@ -194,6 +206,24 @@ class Engine:
             with sw("manager"):
                 sched.postprocess(batch, tokens, run.result)
 
+    def _decode_speculative(self, run: _FrameRun, k: int) -> None:
+        """As ``_decode``, but each active row feeds its next token plus known prompt tokens and drafts, verified
+        greedily in the same forward (at most k forwards per request and frame, as without drafts)."""
+        sched, sw = self.scheduler, run.sw
+        while True:
+            with sw("manager"):
+                batch = sched.schedule(k)
+                if batch is None:
+                    break
+                feeds = sched.feeds(batch)
+                inputs = self.runner.prepare_decode_multi(batch, feeds)
+            t_step = time.perf_counter()
+            with sw("decode"):
+                preds = self.runner.run_decode_multi(inputs)
+            sched.observe(batch, time.perf_counter() - t_step)
+            with sw("manager"):
+                self.runner.keep(sched.postprocess_verified(batch, feeds, preds, run.result))
+
     def _finish(self, run: _FrameRun) -> FrameResult:
         result = run.result
         result.inflight = len(self.scheduler.inflight)
@@ -203,6 +233,8 @@ class Engine:
         self.totals["dropped"] += result.dropped
         self.totals["finished"] += len(result.finished)
         self.totals["tokens"] += result.tokens_generated
+        self.totals["drafted"] += result.drafted
+        self.totals["draft_accepted"] += result.draft_accepted
         if self.detokenize is not None:
             for f in result.finished:
                 f.text = self.detokenize(f.tokens)

@@ -10,7 +10,7 @@ from torch import nn
 
 from .config import GemmaConfig, Pi05Config
 from .layers import GemmaStack
-from .model import HeadParts
+from .parts import HeadParts
 
 
 class ActionHead(nn.Module):

@@ -37,11 +37,20 @@ class KVCache:
         self.valid = torch.zeros(num_slots, max_len, dtype=torch.bool, device=device)
         self.num_slots = num_slots
         self.max_len = max_len
+        self._views: dict[tuple[int, int], tuple[list[torch.Tensor], list[torch.Tensor]]] = {}
 
     @staticmethod
     def for_model(config: Pi05Config, num_slots: int, extra_tokens: int = 0, **kw) -> KVCache:
         """Cache sized for the longest prefix plus the action scratch or ``extra_tokens`` appended tokens."""
         return KVCache(config, num_slots, config.max_prefix_len + max(config.action_horizon, extra_tokens), **kw)
+
+    def layer_views(self, rows: slice) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Per layer, the K and V views [B, kv_heads, max_len, head_dim] of the slots ``rows`` (memoised)."""
+        key = (rows.start, rows.stop)
+        views = self._views.get(key)
+        if views is None:
+            views = self._views[key] = (list(self.k[:, rows].unbind(0)), list(self.v[:, rows].unbind(0)))
+        return views
 
     @property
     def nbytes(self) -> int:

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GemmaConfig, VisionConfig
+from .fusion import FusedStack
 
 
 class RMSNorm(nn.Module):
@@ -98,6 +99,28 @@ class GemmaStack(nn.Module):
             self.norm = RMSNorm(cfg.width, cfg.rms_eps)
         else:
             self.norm = AdaRMSNorm(cfg.width, cond_dim, cfg.rms_eps)
+        self.fused()
+
+    def fused(self, refresh: bool = False, pack: bool | None = None) -> FusedStack:
+        """The stack's fused weights (fusion.py), fused again when a move or copy gave the parameters new storage.
+
+        ``pack``: keep oneDNN-packed copies of the fused projections from now on (``cpu_kernels.use_onednn``)."""
+        if pack is not None:
+            self.__dict__["_pack"] = pack
+        fs = self.__dict__.get("_fused")
+        packed = self.__dict__.get("_pack", False)
+        if refresh or fs is None or not fs.valid(self) or packed != fs.packed:
+            fs = self.__dict__["_fused"] = FusedStack.build(self, packed)
+        return fs
+
+    def _apply(self, fn, recurse: bool = True):
+        self.__dict__.pop("_fused", None)  # .to() / .half(): release the old storage, fuse again on next use
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()  # pickling and deepcopy: the copy fuses its own parameters on first use
+        state.pop("_fused", None)
+        return state
 
 
 # ---------------------------------------------------------------------------------------------- rotary + SDPA
@@ -201,7 +224,7 @@ class SiglipVisionTransformer(nn.Module):
         self.post_layernorm = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
-        x = self.embeddings(pixels)
+        x = self.embeddings(pixels).to(self.post_layernorm.weight.dtype)  # float32 embeddings: an island
         for layer in self.encoder.layers:
             x = layer(x)
         return self.post_layernorm(x)

@@ -17,6 +17,9 @@ from safetensors.torch import load_file, save_file
 from .layers import apply_rope, gated_residual
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# the fused path's projections (fast_path.layer_forward) and the modules each concatenates
+FUSED_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_up": ("gate_proj", "up_proj"),
+                "down": ("down_proj",)}
 _KEY = re.compile(r"language_model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
@@ -29,6 +32,7 @@ class LoraAdapter:
         self.scale = scale
         self.name = name
         self.row_mask: torch.Tensor | None = None  # [B, 1, 1] set per decode step by the engine
+        self._fused: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor] | None] = {}
 
     @staticmethod
     def load(directory: str | Path, dtype: torch.dtype = torch.float32, device="cpu") -> LoraAdapter:
@@ -70,6 +74,35 @@ class LoraAdapter:
     def _apply(self, layer_idx: int, module: str, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         y = linear(x)
         ab = self.weights.get((layer_idx, module))
+        if ab is None:
+            return y
+        delta = (x @ ab[0].T) @ ab[1].T * self.scale
+        return y + delta if self.row_mask is None else y + delta * self.row_mask
+
+    def _fused_ab(self, i: int, group: str, splits: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A [sum r, in] and block-diagonal B [out, sum r] of fused projection ``group`` of layer i, whose outputs
+        are split ``splits`` among its modules (None: none of them adapted). Built once per layer and group."""
+        key = (i, group)
+        if key not in self._fused:
+            present = [(j, self.weights[(i, m)]) for j, m in enumerate(FUSED_GROUPS[group]) if (i, m) in self.weights]
+            fused = None
+            if present:
+                a = torch.cat([ab[0] for _, ab in present])
+                b = torch.zeros(sum(splits), a.shape[0], dtype=a.dtype, device=a.device)
+                col = 0
+                for j, (_, bm) in present:
+                    row = sum(splits[:j])
+                    b[row:row + bm.shape[0], col:col + bm.shape[1]] = bm
+                    col += bm.shape[1]
+                fused = (a, b)
+            self._fused[key] = fused
+        return self._fused[key]
+
+    def fused_delta(self, i: int, group: str, x: torch.Tensor, y: torch.Tensor,
+                    splits: list[int] | None = None) -> torch.Tensor:
+        """``y`` = fused projection ``group`` of layer i applied to ``x``, plus this adapter's update (one pair of
+        small matrix products for the whole group)."""
+        ab = self._fused_ab(i, group, splits or [y.shape[-1]])
         if ab is None:
             return y
         delta = (x @ ab[0].T) @ ab[1].T * self.scale

@@ -12,12 +12,12 @@ the reference the cached paths are tested against.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from . import fast_path
 from .config import Pi05Config
 from .kv_cache import KVCache
 from .layers import (
@@ -31,6 +31,9 @@ from .layers import (
     sinusoidal_time_embedding,
 )
 from .observation import Observation
+from .parts import HeadParts, Prefix
+
+__all__ = ["HeadParts", "Pi05Model", "Prefix"]
 
 
 # --------------------------------------------------------------------------------- module tree (= checkpoint keys)
@@ -75,30 +78,19 @@ def _euler_times(num_steps: int, schedule: str) -> list[float]:
     return times
 
 
-@dataclass(frozen=True)
-class HeadParts:
-    """One flow-matching action expert: its Gemma stack and projections (see heads.py for extra experts)."""
-
-    stack: GemmaStack
-    action_in_proj: nn.Linear
-    action_out_proj: nn.Linear
-    time_mlp_in: nn.Linear
-    time_mlp_out: nn.Linear
-    horizon: int
-
-
-@dataclass
-class Prefix:
-    """What ``prefill`` leaves behind for the action expert and the language path."""
-
-    rows: slice  # cache slots holding this prefix
-    length: int  # padded prefix length P (cache positions [0, P))
-    num_valid: torch.Tensor  # [B] valid prefix tokens = position of the first appended token
-    last_hidden: torch.Tensor  # [B, W] final-normed hidden state at the last VALID prefix position
-
-
 class Pi05Model(nn.Module):
-    """pi0.5 (PaliGemma backbone + flow-matching action expert) whose KV cache is owned by the caller."""
+    """pi0.5 (PaliGemma backbone + flow-matching action expert) whose KV cache is owned by the caller.
+
+    ``fused`` (default True): the cached stages run ``fast_path`` (fused projections, precomputed time conditioning);
+    False runs the eager module-by-module reference, same math (``use_fused`` switches it).
+    """
+
+    fused: bool = True
+
+    def use_fused(self, on: bool = True) -> Pi05Model:
+        """Run the cached stages fused (True) or as the eager reference (False); returns the model."""
+        self.fused = on
+        return self
 
     def __init__(self, config: Pi05Config) -> None:
         super().__init__()
@@ -121,7 +113,8 @@ class Pi05Model(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        return self.action_in_proj.weight.dtype
+        """The compute dtype (the backbone's weights and the KV cache; ``precision.py`` may keep islands float32)."""
+        return self.backbone.layers[0].self_attn.q_proj.weight.dtype
 
     @property
     def device(self) -> torch.device:
@@ -158,9 +151,9 @@ class Pi05Model(nn.Module):
     def embed_suffix(self, x_t: torch.Tensor, t: torch.Tensor, head: HeadParts | None = None):
         """Noisy actions [B, H, A] and time [B] -> action tokens [B, H, We] and adaRMS condition [B, We]."""
         head = head or self.head_parts()
-        cond = sinusoidal_time_embedding(t, head.action_in_proj.out_features).to(self.dtype)
+        cond = sinusoidal_time_embedding(t, head.action_in_proj.out_features).to(head.time_mlp_in.weight.dtype)
         cond = F.silu(head.time_mlp_out(F.silu(head.time_mlp_in(cond))))
-        return head.action_in_proj(x_t.to(self.dtype)), cond
+        return head.action_in_proj(x_t.to(head.action_in_proj.weight.dtype)).to(self.dtype), cond
 
     def lm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Final-normed hidden states -> vocabulary logits (the LM head; tied to the token embedding by default)."""
@@ -207,6 +200,17 @@ class Pi05Model(nn.Module):
             raise ValueError(f"prefix of {p} tokens does not fit the cache ({cache.max_len})")
         cache.valid[rows] = False
         cache.valid[rows, :p] = valid
+        if self.fused:
+            h = fast_path.prefill(self, embs, valid, cache, rows)
+        else:
+            h = self._prefill_eager(embs, valid, cache, rows)
+        num_valid = valid.sum(1)
+        last = torch.arange(p, device=valid.device).masked_fill(~valid, -1).argmax(1)
+        last_hidden, _ = self.backbone.norm(h[torch.arange(b, device=h.device), last])
+        return Prefix(rows, p, num_valid, last_hidden)
+
+    def _prefill_eager(self, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache, rows: slice) -> torch.Tensor:
+        b, p = valid.shape
         cos, sin = self._rope(valid.cumsum(1) - 1)
         # Prefix-LM: every query sees every valid key (padded queries too, so no row is all-masked).
         mask = valid[:, None, :].expand(b, p, p)
@@ -217,10 +221,7 @@ class Pi05Model(nn.Module):
             cache.k[i, rows, :, :p] = k
             cache.v[i, rows, :, :p] = v
             h = self._attn_out_mlp(layer, h, gqa_attention(q, k, v, mask), None, None)
-        num_valid = valid.sum(1)
-        last = torch.arange(p, device=valid.device).masked_fill(~valid, -1).argmax(1)
-        last_hidden, _ = self.backbone.norm(h[torch.arange(b, device=h.device), last])
-        return Prefix(rows, p, num_valid, last_hidden)
+        return h
 
     @torch.no_grad()
     def denoise(
@@ -244,6 +245,8 @@ class Pi05Model(nn.Module):
         if noise is None:
             noise = torch.randn(b, h_len, head.action_in_proj.in_features, device=self.device)
         noise = noise.to(self.device)  # callers may draw it on the CPU (seeded per frame)
+        if self.fused:
+            return fast_path.denoise(self, prefix, cache, noise, num_steps, head)
         dev = noise.device
         positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
         cos, sin = self._rope(positions)
@@ -263,7 +266,7 @@ class Pi05Model(nn.Module):
                 attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask)
                 h = self._attn_out_mlp(layer, h, attn, gate, cond)
             h, _ = head.stack.norm(h, cond)
-            x_t = x_t + dt * head.action_out_proj(h).float()
+            x_t = x_t + dt * head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
         return x_t
 
     @torch.no_grad()
@@ -283,6 +286,10 @@ class Pi05Model(nn.Module):
         and attends to its own valid positions in [0, attn_len). ``lora`` (optional) adapts the backbone's
         projections for these tokens only.
         """
+        if self.fused:
+            cache.valid[rows][torch.arange(tokens.shape[0], device=tokens.device), write_index] = True
+            return fast_path.decode_tokens(self, cache, rows, tokens[:, None], positions[:, None],
+                                           write_index[:, None], attn_len, lora)[:, 0]
         b = tokens.shape[0]
         ar = torch.arange(b, device=tokens.device)
         valid = cache.valid[rows]
@@ -306,6 +313,15 @@ class Pi05Model(nn.Module):
                 h = lora.attn_out_mlp(self, i, layer, h, attn)
         h, _ = self.backbone.norm(h[:, 0])
         return self.lm_logits(h).float()
+
+    @torch.no_grad()
+    def decode_tokens(self, cache: KVCache, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
+                      write_index: torch.Tensor, attn_len: int, lora=None) -> torch.Tensor:
+        """Advance B sequences by T tokens each ([B, T] inputs) in one forward; logits [B, T, V] (float32).
+
+        Token j attends to the row's valid cache positions in [0, attn_len) and to its tokens 0..j; nothing is
+        marked valid (the caller keeps what it accepts). Always the fused path (speculative verification)."""
+        return fast_path.decode_tokens(self, cache, rows, tokens, positions, write_index, attn_len, lora)
 
     # ------------------------------------------------------------------------------------------ public API
     @torch.no_grad()

@@ -25,7 +25,7 @@ class DecodeInputs:
     """The inputs of one ``decode_step`` over cache slots ``rows``."""
 
     rows: slice
-    tokens: torch.Tensor  # [B]
+    tokens: torch.Tensor  # [B] ([B, T] for a multi-token forward)
     positions: torch.Tensor  # [B] RoPE position of each row's token
     write_index: torch.Tensor  # [B] cache index each row writes its K/V at
     attn_len: int  # rows attend to their valid positions in [0, attn_len)
@@ -44,7 +44,9 @@ class ModelRunner:
         self.adapter_tasks = adapter_tasks if adapter_tasks is not None else {"memory"}
         cfg = model.config
         longest = max(max(h.horizon for h in self.heads), config.max_prompt_tokens + config.max_new_tokens)
-        self.cache = KVCache(cfg, num_slots, cfg.max_prefix_len + longest, dtype=model.dtype, device=model.device)
+        # + speculate: a row's drafts (and the padding of shorter rows) may run past its last real position
+        length = cfg.max_prefix_len + longest + config.speculate
+        self.cache = KVCache(cfg, num_slots, length, dtype=model.dtype, device=model.device)
 
     @property
     def device(self) -> torch.device:
@@ -118,6 +120,43 @@ class ModelRunner:
             lora = self.adapter
             lora.row_mask = torch.tensor(adapted, dtype=self.model.dtype, device=self.device)[:, None, None]
         return DecodeInputs(batch.slots, inputs[0], inputs[1], inputs[2], max(writes) + 1, lora)
+
+    def prepare_decode_multi(self, batch: DecodeBatch, feeds: list[tuple[list[int], int]]) -> DecodeInputs:
+        """Inputs of a forward whose active rows feed several tokens each (``feeds``, per ``batch.active``): every
+        row carries T = the longest feed, shorter ones padded (their padding writes past the row's last real
+        position, never marked valid)."""
+        n = len(batch.rows)
+        width = max(len(f) for f, _ in feeds)
+        tokens = [[0] * width for _ in range(n)]
+        starts, writes, adapted = [0] * n, [0] * n, [0.0] * n
+        for i, r in enumerate(batch.rows):
+            if r is not None:
+                starts[i], writes[i] = r.num_valid + r.fed, r.prefix_len + r.fed
+        for r, (feed, _) in zip(batch.active, feeds, strict=True):
+            i = r.slot - batch.lo
+            tokens[i][:len(feed)] = feed
+            adapted[i] = float(r.request.task in self.adapter_tasks)
+        dev = self.device
+        offsets = torch.arange(width, device=dev)
+        base = torch.tensor([starts, writes], device=dev)
+        lora = None
+        if self.adapter is not None and any(adapted):
+            lora = self.adapter
+            lora.row_mask = torch.tensor(adapted, dtype=self.model.dtype, device=dev)[:, None, None]
+        return DecodeInputs(batch.slots, torch.tensor(tokens, device=dev), base[0][:, None] + offsets,
+                            base[1][:, None] + offsets, max(writes) + width, lora)
+
+    def run_decode_multi(self, inputs: DecodeInputs) -> list[list[int]]:
+        """One multi-token forward, K/V written in place (nothing marked valid); per row the argmax after each
+        fed token."""
+        logits = self.model.decode_tokens(self.cache, inputs.rows, inputs.tokens, inputs.positions,
+                                          inputs.write_index, inputs.attn_len, inputs.lora)
+        return logits.argmax(-1).tolist()
+
+    def keep(self, kept: list[tuple[int, int, int]]) -> None:
+        """Mark the kept positions ``(slot, first write index, count)`` of a multi-token forward valid."""
+        for slot, start, count in kept:
+            self.cache.valid[slot, start:start + count] = True
 
     def run_decode(self, inputs: DecodeInputs) -> list[int]:
         """One batched decode forward, in place in the cache; the greedy next token of every row."""

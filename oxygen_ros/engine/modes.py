@@ -55,6 +55,9 @@ class EngineConfig:
     max_new_tokens: int = 64  # longest request the pool is sized for
     max_prompt_tokens: int = 16
     eos_id: int = 1
+    # d: speculative draft tokens a row may carry per decode forward (exact, greedy verification; 0 = off). The
+    # drafts come from the engine's DraftSource (default: each stream's last finished output, speculative.py).
+    speculate: int = 0
 
     def validate(self) -> None:
         """Raise ``ValueError`` on an unknown mode or overflow policy or a non-positive size."""
@@ -64,6 +67,8 @@ class EngineConfig:
             raise ValueError(f"overflow must be one of {OVERFLOW_POLICIES}, got {self.overflow!r}")
         if self.num_steps < 1 or self.max_inflight < 1 or self.max_new_tokens < 1:
             raise ValueError("num_steps, max_inflight and max_new_tokens must be >= 1")
+        if self.speculate < 0:
+            raise ValueError(f"speculate must be >= 0, got {self.speculate}")
 
     @property
     def spec(self) -> ModeSpec:

@@ -27,7 +27,7 @@ def reference_sample_actions(model: Pi05Model, obs: Observation, noise: torch.Te
         suffix, cond = model.embed_suffix(x_t, t.expand(b))
         streams = [(prefix_embs, model.backbone, None), (suffix, model.expert, cond)]
         _, out = model.joint_forward(streams, mask, positions)
-        x_t = x_t + dt * model.action_out_proj(out).float()
+        x_t = x_t + dt * model.action_out_proj(out.to(model.action_out_proj.weight.dtype)).float()
         t = t + dt
     return x_t
 

@@ -22,6 +22,7 @@ class LanguageRequest:
     task: str = "memory"
     max_new_tokens: int = 30
     prompt_tokens: list[int] = field(default_factory=list)
+    stream: str = ""  # with ``task``, names the stream whose last output drafts this one (speculative decoding)
 
     @property
     def total_steps(self) -> int:
@@ -68,7 +69,50 @@ class FrameResult:
     rejected: int = 0  # new requests refused this frame (pool full, reject_newest)
     dropped: int = 0  # in-flight requests evicted this frame (pool full, drop_oldest)
     decode_steps: int = 0  # batched decode forwards this frame
+    drafted: int = 0  # speculative draft tokens fed this frame
+    draft_accepted: int = 0  # of which accepted (identical to what plain decoding generates)
     stamp: Any = None
+
+
+@dataclass
+class RequestState:
+    """A resumable language request: its slot, where it writes next, what it has produced."""
+
+    request_id: int
+    request: LanguageRequest
+    slot: int
+    frame_index: int
+    stamp: Any
+    prefix_len: int  # padded prefix length P of its slot
+    num_valid: int  # valid prefix tokens = position of its first appended token
+    start_time: float
+    tokens: list[int] = field(default_factory=list)
+    fed: int = 0  # tokens appended to its cache so far
+    steps: int = 0  # positions advanced in total
+    frame_steps: int = 0  # positions advanced in the current frame
+    eos: bool = False
+    frames: int = 1
+
+    @property
+    def next_token(self) -> int:
+        """The token its next decode step feeds: the next prompt token, then its last generated one."""
+        prompt = self.request.prompt_tokens
+        return prompt[self.fed] if self.fed < len(prompt) else self.tokens[-1]
+
+    @property
+    def done(self) -> bool:
+        """Ended at EOS or reached its ``max_new_tokens``."""
+        return self.eos or len(self.tokens) >= self.request.max_new_tokens
+
+    def emit(self, token: int, eos_id: int) -> None:
+        """Record a generated token."""
+        self.tokens.append(token)
+        self.eos = token == eos_id
+
+    def finish(self, now: float, dropped: bool = False) -> FinishedRequest:
+        """Its result, with the latency from its frame's start to ``now``."""
+        return FinishedRequest(self.request_id, self.request.task, self.frame_index, self.stamp, list(self.tokens),
+                               self.eos, now - self.start_time, self.frames, dropped)
 
 
 # ``on_actions(frame_index, chunks)``: called with a frame's action chunks (one per head) before its language work.

@@ -9,58 +9,18 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .modes import OVERFLOW_POLICIES, UNBOUNDED, EngineConfig
-from .requests import FinishedRequest, FrameResult, LanguageRequest
+from .requests import FrameResult, LanguageRequest, RequestState
 from .slots import SlotAllocator
+from .speculative import DraftSource, row_feed, verify
 
 if TYPE_CHECKING:
     from .model import Prefix
 
 __all__ = ["OVERFLOW_POLICIES", "BudgetController", "DecodeBatch", "RequestState", "Scheduler", "SlotAllocator"]
-
-
-@dataclass
-class RequestState:
-    """A resumable language request: its slot, where it writes next, what it has produced."""
-
-    request_id: int
-    request: LanguageRequest
-    slot: int
-    frame_index: int
-    stamp: Any
-    prefix_len: int  # padded prefix length P of its slot
-    num_valid: int  # valid prefix tokens = position of its first appended token
-    start_time: float
-    tokens: list[int] = field(default_factory=list)
-    fed: int = 0  # tokens appended to its cache so far
-    steps: int = 0  # positions advanced in total
-    frame_steps: int = 0  # positions advanced in the current frame
-    eos: bool = False
-    frames: int = 1
-
-    @property
-    def next_token(self) -> int:
-        """The token its next decode step feeds: the next prompt token, then its last generated one."""
-        prompt = self.request.prompt_tokens
-        return prompt[self.fed] if self.fed < len(prompt) else self.tokens[-1]
-
-    @property
-    def done(self) -> bool:
-        """Ended at EOS or reached its ``max_new_tokens``."""
-        return self.eos or len(self.tokens) >= self.request.max_new_tokens
-
-    def emit(self, token: int, eos_id: int) -> None:
-        """Record a generated token."""
-        self.tokens.append(token)
-        self.eos = token == eos_id
-
-    def finish(self, now: float, dropped: bool = False) -> FinishedRequest:
-        """Its result, with the latency from its frame's start to ``now``."""
-        return FinishedRequest(self.request_id, self.request.task, self.frame_index, self.stamp, list(self.tokens),
-                               self.eos, now - self.start_time, self.frames, dropped)
 
 
 class BudgetController:
@@ -136,9 +96,11 @@ class Scheduler:
     request decodes on it to completion.
     """
 
-    def __init__(self, config: EngineConfig, num_slots: int, batched: bool) -> None:
+    def __init__(self, config: EngineConfig, num_slots: int, batched: bool,
+                 drafts: DraftSource | None = None) -> None:
         self.config = config
         self.batched = batched
+        self.drafts = drafts  # speculative decoding's draft source (None: one token per row and forward)
         self.slots = SlotAllocator(num_slots)
         self.budget = BudgetController(config.k, config.deadline_s) if batched else BudgetController(UNBOUNDED)
         self.inflight: list[RequestState] = []
@@ -222,6 +184,8 @@ class Scheduler:
         self.inflight.remove(st)
         if self.batched:
             self.slots.free(st.slot)
+        if self.drafts is not None and not dropped:
+            self.drafts.observe(st)
         result.finished.append(st.finish(time.perf_counter(), dropped))
         result.dropped += int(dropped)
 
@@ -260,3 +224,34 @@ class Scheduler:
                 result.tokens_generated += 1
             if r.done:
                 self.evict(r, result)
+
+    # ------------------------------------------------------------------------------------------ speculative decoding
+    def feeds(self, batch: DecodeBatch) -> list[tuple[list[int], int]]:
+        """Per active request: the tokens it feeds this forward (next token, rest of its prompt, drafts; at most
+        ``1 + config.speculate``) and how many of them are known (not drafts)."""
+        return [row_feed(r, self.drafts, 1 + self.config.speculate) for r in batch.active]
+
+    def postprocess_verified(self, batch: DecodeBatch, feeds: list[tuple[list[int], int]], preds: list[list[int]],
+                             result: FrameResult) -> list[tuple[int, int, int]]:
+        """Greedy acceptance of a multi-token forward (``preds[row]``: the argmax after each fed token); advances
+        and evicts like :meth:`postprocess`. Returns ``(slot, first write index, kept)`` of every active row: the
+        cache positions whose K/V the caller marks valid."""
+        result.batch_sizes.append(len(batch.active))
+        result.decode_steps += 1
+        kept = []
+        for r, (feed, known) in zip(batch.active, feeds, strict=True):
+            v = verify(r, feed, known, preds[r.slot - batch.lo], self.config.eos_id)
+            if v.drafted:
+                self.drafts.record(r, v.drafted, v.accepted)
+            kept.append((r.slot, r.prefix_len + r.fed, v.kept))
+            r.fed += v.kept
+            r.steps += v.kept
+            r.frame_steps += 1
+            for tok in v.emitted:
+                r.emit(tok, self.config.eos_id)
+            result.tokens_generated += len(v.emitted)
+            result.drafted += v.drafted
+            result.draft_accepted += v.accepted
+            if r.done:
+                self.evict(r, result)
+        return kept

@@ -1,0 +1,177 @@
+"""The overhead-free frame, measured side by side in one run (``python -m oxygen_ros.bench.frame_overhead``):
+
+1. fused vs eager stages on one model (prefill, S-step denoise, decode steps at B = 1, 6, 30), interleaved;
+2. ``oxygen`` vs ``isolated`` at N = 30 (k = 1, 5), frames interleaved, mean- and median-based;
+3. speculative decoding on vs off on the toy model's closed loop (memory stream).
+
+Writes ``results.json``, ``summary.md`` and ``frame_overhead.png`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from oxygen_ros.bench.models import build_model, dtype_name, resolve_dtype
+from oxygen_ros.bench.observation import benchmark_prompt_len
+from oxygen_ros.bench.overhead import stage_overhead
+from oxygen_ros.bench.runner import machine_info
+from oxygen_ros.bench.side_by_side import make_plan, measure_plan
+from oxygen_ros.bench.speculation import toy_memory_stream
+from oxygen_ros.engine.precision import PRECISIONS, apply_precision
+from oxygen_ros.engine.workload import Workload
+
+TARGETS = {"denoise": 2.5, "decode": 1.3, "prefill": 1.0}
+
+
+def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: list[int], frames: int,
+        episodes: int, speculate: int, onednn: bool = True, device: str = "cpu", dtype: str | None = None,
+        precision: str | None = None) -> dict:
+    """All three measurements; the ``results.json`` dict. With ``speculate``, the engine points also include
+    ``oxygen`` at the last k with speculation on: random weights reject nearly every draft, so that point measures
+    what speculation costs when it cannot help."""
+    device = torch.device(device)
+    model, onednn = build_model(config, preset, device, resolve_dtype(dtype, device), onednn=onednn)
+    if precision:  # e.g. bfloat16_islands (engine/precision.py)
+        apply_precision(model, precision)
+    res: dict = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(device),
+                 "config": {"model": config, "preset": preset, "parameters": model.num_parameters(),
+                            "onednn_linear": onednn, "dtype": dtype_name(model.dtype),
+                            "precision": precision or dtype_name(model.dtype), "S": model.config.num_steps,
+                            "H": model.config.action_horizon}}
+    res["stages"] = stage_overhead(model, batches, repeats, prompt_len=benchmark_prompt_len(model))
+    if frames:
+        plan = make_plan([n], ["isolated", "oxygen"], ks, model.config.num_steps, Workload(max_new_tokens=n))
+        if speculate:
+            plan.append((dataclasses.replace(plan[-1][0], speculate=speculate), plan[-1][1]))
+        points = measure_plan(model, plan, frames)
+        base = points[0]
+        for p in points:
+            p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
+            p["speedup_vs_isolated_median"] = base["frame_ms_median"] / p["frame_ms_median"]
+        res["points"] = points
+    if episodes:
+        res["speculation"] = toy_memory_stream(episodes=episodes, speculate=speculate)
+    return res
+
+
+def summary(res: dict) -> str:
+    """Markdown tables of the three parts."""
+    lines = ["| stage | eager ms (median) | fused ms (median) | speedup (median of paired ratios) | target "
+             "| ATen ops eager / fused |", "|---|---|---|---|---|---|"]
+    for name, s in res["stages"].items():
+        target = TARGETS["decode" if name.startswith("decode") else name]
+        lines.append(f"| {name.replace('_B', ' B=')} | {1e3 * s['eager_s']:.1f} | {1e3 * s['fused_s']:.1f} | "
+                     f"{s['speedup']:.2f}x | >= {target}x | {s['eager_ops']} / {s['fused_ops']} |")
+    if "points" in res:
+        lines += ["", "| engine | N | k | d | action Hz (mean) | action Hz (median) | tokens/s | frame ms mean / "
+                  "median | stalls | speedup mean | speedup median |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for p in res["points"]:
+            k = p["k"] if p["engine"] == "oxygen" else "-"
+            lines.append(f"| {p['engine']} | {p['N']} | {k} | {p.get('speculate', 0)} | {p['action_hz']:.2f} | "
+                         f"{p['action_hz_median']:.2f} | "
+                         f"{p['tokens_per_s']:.1f} | {p['frame_ms_mean']:.0f} / {p['frame_ms_median']:.0f} | "
+                         f"{p['host_stalls']} | {p['speedup_vs_isolated']:.2f}x | "
+                         f"{p['speedup_vs_isolated_median']:.2f}x |")
+    if "speculation" in res:
+        sp = res["speculation"]
+        lines += ["", f"Toy memory stream, k={sp['k']}, N={sp['max_new_tokens']}, d={sp['speculate']}, "
+                  f"{sp['frames']} frames; identical texts: {sp['identical_texts']}, identical chunks: "
+                  f"{sp['same_chunks']}", "",
+                  "| speculation | tokens/s | tokens/s of decode time | decode forwards | action Hz "
+                  "| request latency (frames) | latency ms | acceptance |", "|---|---|---|---|---|---|---|---|"]
+        for name in ("off", "on"):
+            v = sp[name]
+            acc = f"{v['acceptance_rate']:.2f}" if v["acceptance_rate"] is not None else "-"
+            lines.append(f"| {name} | {v['tokens_per_s']:.1f} | {v['tokens_per_decode_s']:.0f} | "
+                         f"{v['decode_forwards']} | {v['action_hz']:.1f} | "
+                         f"{v['latency_frames_mean']:.2f} | {v['latency_ms_mean']:.0f} | {acc} |")
+    return "\n".join(lines)
+
+
+def plot(res: dict, path: Path) -> Path:
+    """Stage speedups against their targets, engine frame times, speculation on/off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = [k for k in ("stages", "points", "speculation") if k in res]
+    fig, axes = plt.subplots(1, len(parts), figsize=(5 * len(parts), 4))
+    axes = [axes] if len(parts) == 1 else list(axes)
+    ax = axes[0]
+    names = list(res["stages"])
+    ax.bar(range(len(names)), [res["stages"][n]["speedup"] for n in names], color="tab:green")
+    for i, n in enumerate(names):
+        ax.hlines(TARGETS["decode" if n.startswith("decode") else n], i - 0.4, i + 0.4, colors="k", linestyles="--")
+    ax.set_xticks(range(len(names)), [n.replace("_B", "\nB=") for n in names])
+    ax.set_ylabel("eager / fused time")
+    ax.set_title("fused vs eager (dashed: target)")
+    if "points" in res:
+        ax = axes[parts.index("points")]
+        pts = res["points"]
+        labels = [f"{p['engine']}\nk={p['k']}" + (f" d={p['speculate']}" if p.get("speculate") else "")
+                  if p["engine"] == "oxygen" else p["engine"] for p in pts]
+        x = range(len(pts))
+        ax.bar([i - 0.2 for i in x], [p["frame_ms_mean"] for p in pts], 0.4, label="mean")
+        ax.bar([i + 0.2 for i in x], [p["frame_ms_median"] for p in pts], 0.4, label="median")
+        ax.set_xticks(list(x), labels)
+        ax.set_ylabel("frame ms")
+        ax.set_title(f"N={pts[0]['N']}: frame time")
+        ax.legend()
+    if "speculation" in res:
+        ax = axes[parts.index("speculation")]
+        sp = res["speculation"]
+        vals = [(sp["off"]["tokens_per_s"], sp["on"]["tokens_per_s"]),
+                (sp["off"]["latency_frames_mean"], sp["on"]["latency_frames_mean"])]
+        ax.bar([0 - 0.2, 1 - 0.2], [v[0] / v[0] for v in vals], 0.4, label="off")
+        ax.bar([0 + 0.2, 1 + 0.2], [v[1] / v[0] for v in vals], 0.4, label="on")
+        ax.set_xticks([0, 1], ["tokens/s", "latency (frames)"])
+        ax.set_ylabel("relative to off")
+        ax.set_title(f"toy memory stream, d={sp['speculate']}")
+        ax.legend()
+    fig.suptitle(f"{res['config']['model']}/{res['config']['preset']}, {res['machine']['threads']} thread(s)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default="small")
+    ap.add_argument("--preset", default="libero")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 6, 30])
+    ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument("--N", type=int, default=30)
+    ap.add_argument("--k", type=int, nargs="+", default=[1, 5])
+    ap.add_argument("--frames", type=int, default=12, help="measured frames per engine point (0: skip)")
+    ap.add_argument("--episodes", type=int, default=4, help="toy episodes for speculation (0: skip)")
+    ap.add_argument("--speculate", type=int, default=8)
+    ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    ap.add_argument("--no-onednn", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default=None, help="float32 | bfloat16 (default: bfloat16 on CUDA, else float32)")
+    ap.add_argument("--precision", default=None, choices=sorted(PRECISIONS),
+                    help="precision policy applied after building (bfloat16_islands: openpi's float32 islands)")
+    ap.add_argument("--out", type=Path, required=True)
+    a = ap.parse_args(argv)
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    res = run(a.config, a.preset, a.batches, a.repeats, a.N, a.k, a.frames, a.episodes, a.speculate,
+              onednn=not a.no_onednn, device=a.device, dtype=a.dtype, precision=a.precision)
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    table = summary(res)
+    (a.out / "summary.md").write_text(table + "\n")
+    plot(res, a.out / "frame_overhead.png")
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

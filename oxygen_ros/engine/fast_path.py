@@ -1,0 +1,227 @@
+"""The fused cached stages: the same math as ``Pi05Model``'s eager stages, in fewer and bigger operations.
+
+- one Q/K/V and one gate/up matrix product per layer (``fusion.py``), q and k rotated together;
+- every adaRMS scale, shift and gate of all S denoise steps from one matrix product before the loop (the times are
+  known in advance), the time MLP run once for all steps;
+- RoPE from a cached table (``RopeTable``); the attention mask built once per stage as an additive float mask
+  (SDPA would convert a boolean one in every layer); the cache's per-layer views taken once per stage;
+- decode steps over rows of several tokens each (speculative verification, ``decode_tokens``).
+
+``Pi05Model.fused = False`` runs the eager, module-by-module reference instead (the tests compare the two).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import GemmaConfig
+from .fusion import FusedStack
+from .kv_cache import KVCache
+from .layers import GemmaStack, rope_cos_sin, sinusoidal_time_embedding
+from .lora import LoraAdapter
+from .parts import HeadParts, Prefix
+
+Pi05Model = nn.Module  # the model (model.py imports this module): its config, backbone, dtype, embeddings
+
+# attend(layer, q [B, T, Hq, D], k [B, T, Hkv, D], v [B, T, Hkv, D]) -> attention output [B, T, Hq * D]
+Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+Norm = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # (scale, shift, gate): y = rms(x) * scale + shift
+
+
+class RopeTable:
+    """cos and sign-folded sin for positions [0, length): rotating by the table equals ``apply_rope``."""
+
+    def __init__(self, g: GemmaConfig, length: int, dtype: torch.dtype, device: torch.device) -> None:
+        cos, sin = rope_cos_sin(torch.arange(length, device=device)[None], g.head_dim, g.rope_theta, dtype)
+        half = g.head_dim // 2
+        self.cos = cos[0, 0]
+        self.sin = torch.cat([-sin[0, 0, :, :half], sin[0, 0, :, half:]], -1)  # rotate-half's sign folded in
+        self.length, self.dtype, self.device = length, dtype, device
+
+    @staticmethod
+    def get(model: Pi05Model, length: int) -> RopeTable:
+        """The model's table covering ``length`` positions (grown by doubling)."""
+        t = model.__dict__.get("_rope_table")
+        if t is None or t.length < length or t.dtype != model.dtype or t.device != model.device:
+            t = RopeTable(model.config.backbone, max(length, 2 * (t.length if t else 256)), model.dtype, model.device)
+            model.__dict__["_rope_table"] = t
+        return t
+
+    def lookup(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [B, T, 1, D] for integer positions [B, T]."""
+        return self.cos[positions][:, :, None], self.sin[positions][:, :, None]
+
+
+def rope_tables(model: Pi05Model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return RopeTable.get(model, int(positions.max()) + 1).lookup(positions)
+
+
+def additive_mask(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
+    """bool [B, T, L] -> float [B, 1, group * T, L] (0 / -inf) for queries folded by kv group (``gqa_attention``)."""
+    b, t, n = mask.shape
+    if t > 1 and group > 1:
+        mask = mask[:, None].expand(b, group, t, n).reshape(b, group * t, n)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))[:, None]
+
+
+def sdpa(g: GemmaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Grouped-query attention, q [B, T, Hq, D] against k, v [B, Hkv, L, D]; returns [B, T, Hq * D]."""
+    b, t = q.shape[:2]
+    hkv, d = g.num_kv_heads, g.head_dim
+    r = g.num_heads // hkv
+    qf = q.reshape(b, t, hkv, r, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, r * t, d)
+    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask)
+    return out.view(b, hkv, r, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, g.num_heads * d)
+
+
+def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+
+
+def normed(x: torch.Tensor, norm: Norm, eps: float) -> torch.Tensor:
+    scale, shift, _ = norm
+    y = rms(x, eps)
+    y = y * scale if shift is None else torch.addcmul(shift, y, scale)
+    return y.to(x.dtype)
+
+
+def residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
+    return h + y if gate is None else torch.addcmul(h, y, gate)
+
+
+def layer_forward(stack: GemmaStack, fs: FusedStack, i: int, h: torch.Tensor, n_in: Norm, n_post: Norm,
+                  cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
+                  lora: LoraAdapter | None = None) -> torch.Tensor:
+    """One Gemma layer on hidden states h [B, T, W]."""
+    g = stack.cfg
+    b, t, _ = h.shape
+    layer = stack.layers[i]
+    x = normed(h, n_in, g.rms_eps)
+    qkv = fs.qkv[i](x) if lora is None else lora.fused_delta(i, "qkv", x, fs.qkv[i](x), fs.qkv[i].splits)
+    heads = g.num_heads + g.num_kv_heads
+    qk = qkv[..., :heads * g.head_dim].view(b, t, heads, g.head_dim)
+    qk = torch.addcmul(qk * cos, torch.roll(qk, g.head_dim // 2, -1), sin)
+    v = qkv[..., heads * g.head_dim:].view(b, t, g.num_kv_heads, g.head_dim)
+    attn = attend(i, qk[:, :, :g.num_heads], qk[:, :, g.num_heads:], v)
+    o = layer.self_attn.o_proj(attn) if lora is None else lora.fused_delta(i, "o", attn, layer.self_attn.o_proj(attn))
+    h = residual(h, o, n_in[2])
+    x = normed(h, n_post, g.rms_eps)
+    gu = fs.gate_up[i](x) if lora is None else lora.fused_delta(i, "gate_up", x, fs.gate_up[i](x),
+                                                                             fs.gate_up[i].splits)
+    gate, up = gu.chunk(2, -1)
+    inner = F.gelu(gate, approximate="tanh") * up
+    down = layer.mlp.down_proj
+    y = down(inner) if lora is None else lora.fused_delta(i, "down", inner, down(inner))
+    return residual(h, y, n_post[2])
+
+
+def rms_norms(fs: FusedStack) -> list[Norm]:
+    """Every RMSNorm of a backbone stack as (1 + w, None, None), in norm order (2i, 2i + 1, 2L)."""
+    return [(w, None, None) for w in (1.0 + fs.norm_weight.float()).unbind(0)]
+
+
+# ------------------------------------------------------------------------------------------------ stages
+def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache, rows: slice) -> torch.Tensor:
+    """The backbone over prefix embeddings [B, P, W] (bidirectional over valid tokens); K/V into ``cache`` rows.
+    Returns the last layer's hidden states [B, P, W] (not normed)."""
+    stack = model.backbone
+    fs, g = stack.fused(), stack.cfg
+    b, p = valid.shape
+    cos, sin = rope_tables(model, valid.cumsum(1) - 1)
+    mask = additive_mask(valid[:, None, :].expand(b, p, p), g.num_heads // g.num_kv_heads, embs.dtype)
+    kv = cache.layer_views(rows)
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k, v = k.transpose(1, 2), v.transpose(1, 2)
+        kv[0][i][:, :, :p].copy_(k)
+        kv[1][i][:, :, :p].copy_(v)
+        return sdpa(g, q, k, v, mask)
+
+    norms = rms_norms(fs)
+    h = embs
+    for i in range(g.depth):
+        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend)
+    return h
+
+
+def time_conditioning(model: Pi05Model, head: HeadParts, times: list[float]) -> list[list[Norm]]:
+    """Per denoise step, every adaRMS norm's (1 + scale, shift, gate) of ``head``'s stack: one time MLP and one
+    matrix product for all steps."""
+    fs = head.stack.fused()
+    w = head.action_in_proj.out_features
+    t = torch.tensor(times, dtype=torch.float32, device=model.device)
+    cond = sinusoidal_time_embedding(t, w).to(head.time_mlp_in.weight.dtype)
+    cond = F.silu(head.time_mlp_out(F.silu(head.time_mlp_in(cond))))
+    mod = fs.cond(cond).view(len(times), -1, 3, w)
+    scale = (1.0 + mod[:, :, 0].float()).unbind(0)
+    shift = mod[:, :, 1].float().unbind(0)
+    gate = mod[:, :, 2].to(model.dtype).unbind(0)
+    return [list(zip(sc.unbind(0), sh.unbind(0), gt.unbind(0), strict=True))
+            for sc, sh, gt in zip(scale, shift, gate, strict=True)]
+
+
+def denoise(model: Pi05Model, prefix: Prefix, cache: KVCache, noise: torch.Tensor, num_steps: int,
+            head: HeadParts) -> torch.Tensor:
+    """Flow-matching Euler sampling from a cached prefix (see ``Pi05Model.denoise``)."""
+    stack = head.stack
+    fs, g = stack.fused(), stack.cfg
+    rows, p, h_len = prefix.rows, prefix.length, head.horizon
+    b, dev = prefix.num_valid.shape[0], noise.device
+    cos, sin = rope_tables(model, prefix.num_valid[:, None] + torch.arange(h_len, device=dev))
+    valid = torch.cat([cache.valid[rows, :p], torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
+    mask = additive_mask(valid[:, None, :].expand(b, h_len, p + h_len), g.num_heads // g.num_kv_heads, model.dtype)
+    ks, vs = cache.layer_views(rows)
+    k_scr, v_scr = [k[:, :, p:p + h_len] for k in ks], [v[:, :, p:p + h_len] for v in vs]
+    k_all, v_all = [k[:, :, :p + h_len] for k in ks], [v[:, :, :p + h_len] for v in vs]
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_scr[i].copy_(k.transpose(1, 2))
+        v_scr[i].copy_(v.transpose(1, 2))
+        return sdpa(g, q, k_all[i], v_all[i], mask)
+
+    conds = time_conditioning(model, head, model.denoise_times(num_steps))
+    dt = -1.0 / num_steps
+    x_t = noise.float()
+    in_dtype, out_dtype = head.action_in_proj.weight.dtype, head.action_out_proj.weight.dtype
+    for norms in conds:
+        h = head.action_in_proj(x_t.to(in_dtype)).to(model.dtype)
+        for i in range(g.depth):
+            h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend)
+        x_t = x_t + dt * head.action_out_proj(normed(h, norms[-1], g.rms_eps).to(out_dtype)).float()
+    return x_t
+
+
+def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
+                  write_index: torch.Tensor, attn_len: int, lora: LoraAdapter | None = None) -> torch.Tensor:
+    """Advance B sequences by T tokens each in one forward; logits [B, T, V] (float32).
+
+    tokens/positions/write_index are [B, T]: token j of row b has RoPE position positions[b, j] and writes its K/V
+    at cache index write_index[b, j] (< attn_len); it attends to the row's valid cache positions in [0, attn_len)
+    and to the row's tokens 0..j of this forward. ``cache.valid`` is not changed: the caller marks what it keeps.
+    """
+    stack = model.backbone
+    fs, g = stack.fused(), stack.cfg
+    b, t = tokens.shape
+    dev = tokens.device
+    cos, sin = rope_tables(model, positions)
+    slots = torch.arange(attn_len, device=dev)
+    new = (slots[None, None, :] == write_index[:, :, None]).cumsum(1) > 0  # [B, T, L]: tokens 0..j of the row
+    mask = additive_mask(cache.valid[rows, None, :attn_len] | new, g.num_heads // g.num_kv_heads, model.dtype)
+    ks, vs = cache.layer_views(rows)
+    ar = torch.arange(b, device=dev)[:, None]
+
+    def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        ks[i][ar, :, write_index] = k
+        vs[i][ar, :, write_index] = v
+        return sdpa(g, q, ks[i][:, :, :attn_len], vs[i][:, :, :attn_len], mask)
+
+    norms = rms_norms(fs)
+    h = model.embed_tokens(tokens)
+    for i in range(g.depth):
+        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, lora)
+    return model.lm_logits(normed(h, norms[-1], g.rms_eps)).float()

@@ -1,0 +1,106 @@
+"""Fused weights: Q/K/V, gate/up and a stack's adaRMS dense layers concatenated into one matrix each.
+
+The parameters keep their modules and names (checkpoint keys, loading and saving are unchanged): after fusing they
+are views into the concatenated tensor, so in-place loads (``load_state_dict``, ``copy_``) and optimiser steps
+update the fused matrix too. Moving or copying a module (``.to``, ``deepcopy``) gives the parameters new storage;
+:meth:`FusedStack.valid` notices and the stack fuses again on its next use. Only a direct ``param.data = ...`` on a
+fused parameter goes unnoticed: call ``stack.fused(refresh=True)`` after one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+PACK_MAX_ROWS = 64  # oneDNN's packed inner product only for small row counts (decode, denoise)
+
+
+def alias_concat(params: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Concatenate ``params`` along dim 0 and make each a view into the result (returned)."""
+    fused = torch.cat([p.detach() for p in params])
+    offset = 0
+    for p in params:
+        n = p.shape[0]
+        p.data = fused[offset:offset + n]
+        offset += n
+    return fused
+
+
+class FusedLinear:
+    """``x W^T + b`` over several ``nn.Linear`` layers' weights, concatenated (their weights are views into it)."""
+
+    def __init__(self, linears: Sequence[nn.Linear]) -> None:
+        self.weight = alias_concat([lin.weight for lin in linears])
+        self.bias = alias_concat([lin.bias for lin in linears]) if linears[0].bias is not None else None
+        self.splits = [lin.out_features for lin in linears]
+        self._first = linears[0].weight
+        self._packed: tuple | None = None
+
+    def valid(self) -> bool:
+        """Whether the first source parameter still lives in the fused storage."""
+        return self._first.data_ptr() == self.weight.data_ptr() and self._first.device == self.weight.device
+
+    def pack(self) -> None:
+        """Keep a oneDNN-packed copy for small-row calls (fp32 on CPU only; see ``cpu_kernels``)."""
+        w = self.weight
+        if w.dtype == torch.float32 and w.device.type == "cpu" and torch.backends.mkldnn.is_available():
+            self._packed = (w.detach().to_mkldnn(), None if self.bias is None else self.bias.detach().to_mkldnn())
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        p = self._packed
+        if p is None or x.numel() > PACK_MAX_ROWS * x.shape[-1] or x.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)
+        y = torch._C._nn.mkldnn_linear(x.reshape(-1, x.shape[-1]).to_mkldnn(), p[0], p[1])
+        return y.to_dense().view(*x.shape[:-1], self.weight.shape[0])
+
+
+@dataclass
+class FusedStack:
+    """The fused weights of one Gemma stack (backbone or action expert).
+
+    ``qkv[i]`` / ``gate_up[i]``: layer i's projections; norms are numbered 2i (input), 2i + 1 (post-attention) and
+    2L (final). RMSNorm stacks: ``norm_weight`` [2L + 1, W] (the weights as stored, applied as 1 + w). adaRMS
+    stacks: ``cond`` maps the time condition to every norm's (scale, shift, gate): [.., (2L + 1) * 3 * W].
+    """
+
+    qkv: list[FusedLinear]
+    gate_up: list[FusedLinear]
+    norm_weight: torch.Tensor | None
+    cond: FusedLinear | None
+    packed: bool = False
+
+    @staticmethod
+    def build(stack: nn.Module, packed: bool = False) -> FusedStack:
+        """Fuse ``stack`` (a ``GemmaStack``) in place and describe its fused weights."""
+        layers = list(stack.layers)
+        norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
+        norms.append(stack.norm)
+        with torch.no_grad():
+            qkv = [FusedLinear([lyr.self_attn.q_proj, lyr.self_attn.k_proj, lyr.self_attn.v_proj]) for lyr in layers]
+            gate_up = [FusedLinear([lyr.mlp.gate_proj, lyr.mlp.up_proj]) for lyr in layers]
+            if hasattr(norms[0], "dense"):
+                norm_weight, cond = None, FusedLinear([n.dense for n in norms])
+            else:
+                norm_weight, cond = alias_concat([n.weight for n in norms]).view(len(norms), -1), None
+        fs = FusedStack(qkv, gate_up, norm_weight, cond)
+        if packed:
+            fs.pack()
+        return fs
+
+    def valid(self, stack: nn.Module) -> bool:
+        """Whether the parameters of ``stack`` are still views into these fused weights."""
+        if not self.qkv[0].valid():
+            return False
+        if self.norm_weight is not None:
+            return stack.norm.weight.data_ptr() == self.norm_weight[-1].data_ptr()
+        return self.cond is not None and self.cond.valid()
+
+    def pack(self) -> None:
+        """oneDNN-packed copies of the projection matrices (CPU fp32 small-row calls)."""
+        self.packed = True
+        for f in (*self.qkv, *self.gate_up):
+            f.pack()

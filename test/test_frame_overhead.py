@@ -1,0 +1,29 @@
+"""The frame-overhead benchmark (fused vs eager stages, oxygen vs isolated, median statistics) on the tiny config."""
+
+from __future__ import annotations
+
+import json
+
+from oxygen_ros.bench.frame_overhead import main
+from oxygen_ros.bench.runner import frame_statistics
+
+
+def test_frame_overhead_cli_writes_json_table_and_plot(tmp_path) -> None:
+    out = tmp_path / "fo"
+    main(["--config", "tiny", "--batches", "1", "3", "--repeats", "1", "--N", "4", "--k", "1", "2", "--frames", "2",
+          "--episodes", "0", "--speculate", "3", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    assert set(res["stages"]) == {"prefill", "denoise", "decode_B1", "decode_B3"}
+    for s in res["stages"].values():
+        assert s["fused_ops"] < s["eager_ops"] and s["speedup"] > 0 and len(s["samples"]["fused"]) == 1
+    assert [(p["engine"], p["k"], p["speculate"]) for p in res["points"]] == [
+        ("isolated", 1, 0), ("oxygen", 1, 0), ("oxygen", 2, 0), ("oxygen", 2, 3)]
+    assert all(p["speedup_vs_isolated_median"] > 0 and p["host_stalls"] >= 0 for p in res["points"])
+    assert "| denoise |" in (out / "summary.md").read_text()
+    assert (out / "frame_overhead.png").stat().st_size > 0
+
+
+def test_frame_statistics_flag_host_stalls() -> None:
+    st = frame_statistics([0.1] * 9 + [0.9], horizon=10)
+    assert st["host_stalls"] == 1 and abs(st["frame_ms_median"] - 100) < 1e-9
+    assert abs(st["action_hz_median"] - 100) < 1e-9 and abs(st["frame_ms_mean_without_stalls"] - 100) < 1e-9
