@@ -101,6 +101,9 @@ def test_deterministic_report_plots_and_bag(data: dict[str, Path]) -> None:
     assert req["issued"] == 20 and req["finished"] == r1["digest"]["num_texts"]
     assert req["finished"] + req["unfinished"] + req["rejected"] == req["issued"]
     assert req["latency_frames"]["count"] == req["finished"] and req["latency_s"]["max"] > 0
+    (stream, per), = req["per_stream"].items()  # the one-stream shorthand: the task's stream
+    assert stream == r1["config"]["params"]["request_task"] and per["finished"] == req["finished"]
+    assert per["latency_frames"] == req["latency_frames"]
     assert set(r1["per_frame"][0]["timings_ms"]) >= {"prefill", "denoise", "decode", "manager", "frame"}
 
     assert r2["config"]["params"] == r1["config"]["params"]
@@ -140,6 +143,19 @@ def test_missing_camera_topic_skips_every_frame(data: dict[str, Path]) -> None:
     p = NodeParams(checkpoint_path=str(data["ckpt"]), camera_names=("base_0_rgb",), **FAST)
     r = evaluate_bag(bag, data["root"] / "one_cam_masked", p, plots=False, progress=False)
     assert r["frames"] == 10 and r["skipped"] == 0
+
+
+def test_language_streams_are_reported_per_stream(data: dict[str, Path]) -> None:
+    r = evaluate_bag(data["bag"], data["root"] / "streams_eval", params(
+        data, language_streams=["memory", "narration"], **{"memory.every_n_frames": 2, "narration.period_s": 0.45}),
+        plots=False, progress=False)
+    per = r["requests"]["per_stream"]
+    assert set(per) == {"memory", "narration"}
+    starts = {s: sorted(x["frame_index"] for x in r["requests"]["items"] if x["stream"] == s) for s in per}
+    assert starts["memory"][:5] == [0, 2, 4, 6, 8], "every 2nd frame"
+    assert starts["narration"][:4] == [0, 5, 10, 15], "every 0.45 s of bag time (frames 0.1 s apart)"
+    assert r["config"]["language_streams"][1]["period_s"] == 0.45
+    assert sum(v["finished"] for v in per.values()) == r["requests"]["finished"]
 
 
 def test_stale_camera_and_compressed_mcap(data: dict[str, Path]) -> None:

@@ -38,6 +38,7 @@ LANGUAGE_OUTPUT_FIELDS = {
     "request_id": "uint64",
     "frame_index": "uint64",
     "task": "string",
+    "stream": "string",
     "text": "string",
     "num_tokens": "uint32",
     "eos": "boolean",
@@ -98,7 +99,7 @@ def test_language_output_fields_and_types():
     assert list(LanguageOutput.get_fields_and_field_types()) == list(LANGUAGE_OUTPUT_FIELDS)
     empty = LanguageOutput()
     assert isinstance(empty.header, Header) and isinstance(empty.latency, Duration)
-    assert empty.task == "" and empty.text == "" and empty.eos is False
+    assert empty.task == "" and empty.stream == "" and empty.text == "" and empty.eos is False
     assert empty.request_id == 0 and empty.frame_index == 0 and empty.num_tokens == 0
     assert make_language_output() == make_language_output()
 

@@ -55,6 +55,7 @@ class FinishedRequest:
     frames: int  # frames it spanned
     dropped: bool = False  # evicted by the drop_oldest overflow policy before finishing
     text: str | None = None
+    stream: str = ""  # the request's stream (LanguageRequest.stream)
 
 
 @dataclass
@@ -112,7 +113,7 @@ class RequestState:
     def finish(self, now: float, dropped: bool = False) -> FinishedRequest:
         """Its result, with the latency from its frame's start to ``now``."""
         return FinishedRequest(self.request_id, self.request.task, self.frame_index, self.stamp, list(self.tokens),
-                               self.eos, now - self.start_time, self.frames, dropped)
+                               self.eos, now - self.start_time, self.frames, dropped, stream=self.request.stream)
 
 
 # ``on_actions(frame_index, chunks)``: called with a frame's action chunks (one per head) before its language work.

@@ -39,7 +39,8 @@ class RunLog:
 
     def request(self, f: FinishedRequest, finished_frame: int) -> None:
         """A request that finished (or was dropped) in frame ``finished_frame``."""
-        self.requests.append({"request_id": f.request_id, "task": f.task, "frame_index": f.frame_index,
+        self.requests.append({"request_id": f.request_id, "task": f.task, "stream": f.stream or f.task,
+                              "frame_index": f.frame_index,
                               "stamp_ns": int(f.stamp), "finished_frame": finished_frame,
                               "latency_s": f.latency_s, "latency_frames": f.frames, "num_tokens": len(f.tokens),
                               "eos": f.eos, "dropped": f.dropped, "text": f.text or ""})
@@ -80,7 +81,12 @@ def _requests(log: RunLog, totals: Mapping[str, int], backlog: int) -> dict[str,
     return {"issued": log.issued, "finished": len(done), "eos": sum(bool(r["eos"]) for r in done),
             "rejected": totals["rejected"], "dropped": totals["dropped"], "unfinished": backlog,
             "latency_s": percentiles([r["latency_s"] for r in done]),
-            "latency_frames": percentiles([r["latency_frames"] for r in done]), "items": log.requests}
+            "latency_frames": percentiles([r["latency_frames"] for r in done]),
+            "per_stream": {stream: {"finished": len(rs), "latency_s": percentiles([r["latency_s"] for r in rs]),
+                                    "latency_frames": percentiles([r["latency_frames"] for r in rs])}
+                           for stream in sorted({r["stream"] for r in done})
+                           for rs in [[r for r in done if r["stream"] == stream]]},
+            "items": log.requests}
 
 
 def build_report(*, log: RunLog, inputs: dict[str, Any], config: dict[str, Any], model: dict[str, Any],

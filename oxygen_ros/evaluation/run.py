@@ -237,7 +237,8 @@ def _config(loaded: LoadedPolicy, dt_s: float, max_frames: int | None, joint_sta
             "max_frames": max_frames, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
             "torch_threads": torch.get_num_threads(),
             "params": {f.name: list(v) if isinstance(v := getattr(p, f.name), tuple) else v
-                       for f in dataclasses.fields(p) if f.name != "extra"}}
+                       for f in dataclasses.fields(p) if f.name not in ("extra", "streams")},
+            "language_streams": [dataclasses.asdict(s) for s in p.streams]}
 
 
 def _evaluate(reader: AnyReader, loaded: LoadedPolicy, out_bag: Path, storage: str, ts: Any,

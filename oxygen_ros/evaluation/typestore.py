@@ -53,6 +53,7 @@ std_msgs/Header header
 uint64 request_id
 uint64 frame_index
 string task
+string stream
 string text
 uint32 num_tokens
 bool eos

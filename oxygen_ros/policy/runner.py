@@ -14,7 +14,7 @@ Latencies (seconds, ``time.monotonic``):
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,16 +26,25 @@ from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 
 from .policy import Policy, PreparedObservation, RawObservation
 
-__all__ = ["ChunkOutput", "FrameOutput", "FrameRunner", "LanguageSchedule", "seeded_noise"]
+__all__ = ["TRIGGERS", "ChunkOutput", "FrameOutput", "FrameRunner", "LanguageSchedule", "seeded_noise"]
+
+
+TRIGGERS = ("periodic", "on_instruction_change")
 
 
 @dataclass(frozen=True)
 class LanguageSchedule:
-    """Which frames start a language request, and which.
+    """One language stream: which frames start one of its requests, and what the request is.
 
-    every_n_frames: a request on every n-th processed frame (0: no language).
+    every_n_frames: a request on every n-th processed frame (0: not frame-counted).
     task: memory | narration | subtask | custom.
     prompt: template fed after the shared prefix (``{instruction}`` replaced); '' = the task's built-in prompt.
+    name: the stream's name (LanguageOutput.stream); '' = the task's.
+    period_s: a request when at least this much observation time (the frame stamps) passed since the stream's
+        last one (0: not timed). With both cadences, either starts one.
+    trigger: periodic (the cadences above) | on_instruction_change (one request for each new instruction).
+    priority: streams starting on the same frame are admitted in descending priority (ties: configured order),
+        so under a full pool with reject_newest the higher-priority request gets the slot.
     """
 
     every_n_frames: int = 0
@@ -43,12 +52,51 @@ class LanguageSchedule:
     prompt: str = ""
     max_new_tokens: int = 30
     max_prompt_tokens: int = 16
+    name: str = ""
+    period_s: float = 0.0
+    trigger: str = "periodic"
+    priority: int = 0
 
     def __post_init__(self) -> None:
         if self.task not in (*LANGUAGE_TEMPLATES, CUSTOM_TASK):
             raise ValueError(f"language task must be one of {[*LANGUAGE_TEMPLATES, CUSTOM_TASK]}, got {self.task!r}")
         if self.task == CUSTOM_TASK and not self.prompt:
             raise ValueError("a custom language task needs a prompt")
+        if self.trigger not in TRIGGERS:
+            raise ValueError(f"trigger must be one of {list(TRIGGERS)}, got {self.trigger!r}")
+        if self.every_n_frames < 0 or self.period_s < 0:
+            raise ValueError("every_n_frames and period_s must be >= 0")
+
+    @property
+    def stream(self) -> str:
+        """The stream's name."""
+        return self.name or self.task
+
+    @property
+    def active(self) -> bool:
+        """Whether it ever starts a request."""
+        return self.trigger == "on_instruction_change" or self.every_n_frames > 0 or self.period_s > 0
+
+
+class _StreamClock:
+    """When a stream last started a request (frame count, stamp, instruction) and whether it is due now."""
+
+    def __init__(self, schedule: LanguageSchedule) -> None:
+        self.schedule = schedule
+        self.last_stamp_ns: int | None = None
+        self.last_instruction: str | None = None
+
+    def due(self, processed: int, stamp_ns: int, instruction: str) -> bool:
+        s = self.schedule
+        if s.trigger == "on_instruction_change":
+            return bool(instruction) and instruction != self.last_instruction
+        if s.every_n_frames and processed % s.every_n_frames == 0:
+            return True
+        return s.period_s > 0 and (self.last_stamp_ns is None
+                                   or stamp_ns - self.last_stamp_ns >= round(s.period_s * 1e9))
+
+    def started(self, stamp_ns: int, instruction: str) -> None:
+        self.last_stamp_ns, self.last_instruction = stamp_ns, instruction
 
 
 @dataclass
@@ -90,23 +138,30 @@ class FrameRunner:
     Args:
         policy: checkpoint contract, model and tokenizer.
         engine_factory: builds the engine (again after a failed frame, see :meth:`reset`).
-        language: the request schedule.
+        language: the language stream, or several (names unique), each at its own cadence.
         noise: ``noise(frame_index, H, A)`` -> [1, H, A]; default :func:`seeded_noise` (seed 0).
         n_execute: actions of each chunk to execute (default: the checkpoint's ``n_action_steps``).
     """
 
-    def __init__(self, policy: Policy, engine_factory: Callable[[], Engine], language: LanguageSchedule | None = None,
+    def __init__(self, policy: Policy, engine_factory: Callable[[], Engine],
+                 language: LanguageSchedule | Sequence[LanguageSchedule] | None = None,
                  noise: Callable[[int, int, int], torch.Tensor] | None = None, n_execute: int | None = None) -> None:
         self.policy = policy
         self._factory = engine_factory
         self.engine = engine_factory()
-        self.language = language or LanguageSchedule()
+        streams = (language,) if isinstance(language, LanguageSchedule) else tuple(language or ())
+        names = [s.stream for s in streams]
+        if len(set(names)) != len(names):
+            raise ValueError(f"language stream names must be unique, got {names}")
+        self.streams = streams
+        # admission order on a frame: priority, then configured order (stable sort)
+        self._clocks = sorted((_StreamClock(s) for s in streams), key=lambda c: -c.schedule.priority)
         self.noise = noise or seeded_noise(0)
         self.n_execute = int(n_execute or policy.spec.n_action_steps)
         if not 0 < self.n_execute <= policy.spec.chunk_size:
             raise ValueError(f"n_execute {self.n_execute} must be in 1..{policy.spec.chunk_size} (the chunk size)")
         self.processed = 0
-        self._prompt_cache: tuple[str, list[int]] | None = None
+        self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
 
     @property
     def backlog(self) -> int:
@@ -125,17 +180,36 @@ class FrameRunner:
         if close is not None:
             close()
 
-    def request_tokens(self, instruction: str) -> list[int]:
-        """Prompt tokens of this instruction's request (cached for a repeated instruction)."""
-        if self._prompt_cache is not None and self._prompt_cache[0] == instruction:
-            return self._prompt_cache[1]
-        lang, tok = self.language, self.policy.tokenizer
+    @property
+    def language(self) -> LanguageSchedule:
+        """The first stream (the one-stream setup's schedule); an inactive one when there is none."""
+        return self.streams[0] if self.streams else LanguageSchedule()
+
+    def request_tokens(self, instruction: str, stream: LanguageSchedule | None = None) -> list[int]:
+        """Prompt tokens of ``stream``'s request for this instruction (cached per stream for a repeated one)."""
+        lang = stream or self.language
+        cached = self._prompt_cache.get(lang.stream)
+        if cached is not None and cached[0] == instruction:
+            return cached[1]
+        tok = self.policy.tokenizer
         if lang.prompt:
             tokens = tok.encode(lang.prompt.format(instruction=instruction))[: lang.max_prompt_tokens]
         else:
             tokens = tok.tokenize_request(lang.task, None, max_len=lang.max_prompt_tokens)
-        self._prompt_cache = (instruction, tokens)
+        self._prompt_cache[lang.stream] = (instruction, tokens)
         return tokens
+
+    def _due_requests(self, stamp_ns: int, instruction: str) -> list[LanguageRequest]:
+        """The requests this frame starts: every due stream's, in admission order."""
+        stamp = stamp_ns or time.monotonic_ns()  # unstamped (offline) frames: the wall clock times period_s
+        requests = []
+        for clock in self._clocks:
+            if clock.due(self.processed, stamp, instruction):
+                s = clock.schedule
+                requests.append(LanguageRequest(s.task, s.max_new_tokens, list(self.request_tokens(instruction, s)),
+                                                stream=s.stream))
+                clock.started(stamp, instruction)
+        return requests
 
     def step(self, observation: RawObservation | PreparedObservation, *, stamp_ns: int = 0,
              arrived: float | None = None, instruction: str | None = None, start_language: bool = True,
@@ -153,11 +227,7 @@ class FrameRunner:
             prepared = observation
         t_prep = time.monotonic()
         index = self.engine.frame_index
-        lang = self.language
-        requests = []
-        if start_language and lang.every_n_frames and self.processed % lang.every_n_frames == 0:
-            prompt = list(self.request_tokens(instruction or ""))
-            requests.append(LanguageRequest(lang.task, lang.max_new_tokens, prompt))
+        requests = self._due_requests(stamp_ns, instruction or "") if start_language else []
         spec = self.policy.spec
         noise = self.noise(index, spec.chunk_size, self.policy.model.config.action_dim)
         out: list[ChunkOutput] = []

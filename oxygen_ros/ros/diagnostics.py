@@ -103,6 +103,7 @@ class NodeStats:
         self.requests_rejected = 0
         self.requests_dropped = 0
         self.last_text = ""
+        self.stream_outputs: dict[str, int] = {}  # finished outputs per language stream
         self._frame_times: deque[float] = deque(maxlen=512)
         self._token_times: deque[tuple[float, int]] = deque(maxlen=512)
         self._reported = {"errors": 0, "misses": 0}
@@ -126,10 +127,12 @@ class NodeStats:
             self.requests_rejected += rejected
             self.requests_dropped += dropped
 
-    def record_language(self, text: str) -> None:
+    def record_language(self, text: str, stream: str = "") -> None:
         with self._lock:
             self.language_outputs += 1
             self.last_text = text
+            if stream:
+                self.stream_outputs[stream] = self.stream_outputs.get(stream, 0) + 1
 
     def frame_rate(self, window_s: float = 2.0) -> float:
         """Processed frames per second over the last ``window_s`` seconds."""
@@ -158,6 +161,7 @@ class NodeStats:
                 "deadline_misses": self.deadline_misses,
                 "language_backlog": backlog,
                 "language_outputs": self.language_outputs,
+                **{f"stream.{name}.outputs": n for name, n in sorted(self.stream_outputs.items())},
                 "tokens_generated": self.tokens,
                 "requests_rejected": self.requests_rejected,
                 "requests_dropped": self.requests_dropped,

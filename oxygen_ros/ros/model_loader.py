@@ -192,8 +192,8 @@ def build_runner(loaded: LoadedPolicy) -> FrameRunner:
     def factory() -> Engine:
         return build_engine(policy.model, engine_config(p, tok.eos_id), detokenize=tok.decode)
 
-    language = LanguageSchedule(p.request_every_n_frames, p.request_task, p.request_prompt, p.max_new_tokens,
-                                p.max_prompt_tokens)
+    language = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
+                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority) for s in p.streams]
     return FrameRunner(policy, factory, language, seeded_noise(p.seed), p.actions_per_chunk or None)
 
 

@@ -62,7 +62,7 @@ from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 from .diagnostics import CameraWatch, NodeStats
 from .model_loader import LoadedPolicy, build_runner, instruction_char_cap, load_node_policy, warm_up
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
-from .params import PARAMS, NodeParams, validate
+from .params import PARAM_NAMES, PARAMS, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
@@ -120,6 +120,7 @@ class OxygenNode(LifecycleNode):
         self._input_subs: list = []
         self._camera_watch: CameraWatch | None = None
         self._action_pub = self._language_pub = self._trajectory_pub = None
+        self._stream_pubs: dict[str, Any] = {}
         self._control_timer = None
         self._worker: threading.Thread | None = None
         self._last_instruction = ""
@@ -155,6 +156,7 @@ class OxygenNode(LifecycleNode):
 
     def _configure(self) -> None:
         values = {spec.name: self.get_parameter(spec.name).value for spec in PARAMS}
+        values.update(self._stream_parameters(values["language_streams"]))
         unknown = sorted(set(getattr(self, "_parameter_overrides", {})) - set(values) - set(_BUILTIN_PARAMS))
         unknown = [u for u in unknown if not u.startswith("qos_overrides.")]
         if unknown:
@@ -174,8 +176,27 @@ class OxygenNode(LifecycleNode):
                                       f"{p.period_s * 1e3:.0f} ms: expect deadline misses")
         self._action_pub = self.create_lifecycle_publisher(ActionChunk, ACTION_TOPIC, 10)
         self._language_pub = self.create_lifecycle_publisher(LanguageOutput, LANGUAGE_TOPIC, 50)
+        if p.language_topic_per_stream:
+            self._stream_pubs = {s.name: self.create_lifecycle_publisher(LanguageOutput, f"~/language/{s.name}", 50)
+                                 for s in p.streams}
         if p.publish_trajectory:
             self._trajectory_pub = self.create_lifecycle_publisher(JointTrajectory, TRAJECTORY_TOPIC, 10)
+
+    def _stream_parameters(self, streams: Any) -> dict[str, Any]:
+        """Declare (once) and read the ``<stream>.<field>`` parameters of the listed language streams (the
+        plugin-list style: which names exist depends on ``language_streams``); bad names are left to validate."""
+        values: dict[str, Any] = {}
+        for stream in streams if isinstance(streams, (list, tuple)) else ():
+            if not isinstance(stream, str) or not STREAM_NAME_RE.match(stream) or stream in PARAM_NAMES:
+                continue
+            for spec in STREAM_PARAMS:
+                name = f"{stream}.{spec.name}"
+                if not self.has_parameter(name):
+                    self.declare_parameter(name, spec.ros_default, ParameterDescriptor(
+                        description=f"language stream {stream}: {spec.description}",
+                        additional_constraints=f"type: {spec.type_name}", dynamic_typing=True))
+                values[name] = self.get_parameter(name).value
+        return values
 
     def _start_processing(self, p: NodeParams) -> None:
         """Inputs, subscriptions, the inference thread and the control timer (created on activate, as yolo_ros
@@ -307,7 +328,7 @@ class OxygenNode(LifecycleNode):
         """Stop processing, then drop publishers, runner, engine and model."""
         self._stop_processing()
         with self._engine_lock:
-            for pub in (self._action_pub, self._language_pub, self._trajectory_pub):
+            for pub in (self._action_pub, self._language_pub, self._trajectory_pub, *self._stream_pubs.values()):
                 if pub is not None:
                     self.destroy_lifecycle_publisher(pub)
             if self._runner is not None:
@@ -378,8 +399,12 @@ class OxygenNode(LifecycleNode):
         for done in result.finished:
             if done.dropped:
                 continue  # evicted by drop_oldest before finishing: counted, not published
-            self._language_pub.publish(language_output(done))
-            self.stats.record_language(done.text or "")
+            msg = language_output(done)
+            self._language_pub.publish(msg)
+            stream_pub = self._stream_pubs.get(msg.stream)
+            if stream_pub is not None:
+                stream_pub.publish(msg)
+            self.stats.record_language(done.text or "", msg.stream)
 
     def _publish_actions(self, chunk: ChunkOutput) -> None:
         """Publish the chunk's executable actions (called before any language work of the frame)."""

@@ -19,15 +19,21 @@ from typing import Any
 
 from oxygen_ros.engine.modes import NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
+from oxygen_ros.policy.runner import TRIGGERS
 
 __all__ = [
     "DEFAULT_CAMERA_TOPIC",
     "NORMALIZATIONS",
     "PARAMS",
+    "PARAM_NAMES",
+    "STREAM_NAME_RE",
+    "STREAM_PARAMS",
     "NodeParams",
     "ParamError",
     "ParamSpec",
+    "StreamParams",
     "markdown_table",
+    "stream_param_names",
     "validate",
 ]
 
@@ -79,6 +85,33 @@ class ParamSpec:
         return list(self.default) if isinstance(self.default, tuple) else self.default
 
 
+STREAM_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class StreamParams:
+    """One language stream's parameters (``<name>.<field>``); each field is declared per listed stream."""
+
+    name: str = field(default="", metadata={"help": "", "choices": None, "minimum": None, "positive": False})
+    task: str = param('',
+        "memory | narration | subtask | custom; '' = the stream's name when it names a task, else custom.",
+        choices=('', *REQUEST_TASKS))
+    prompt: str = param('',
+        "Prompt template fed after the shared prefix ({instruction} is replaced); '' = the task's built-in "
+        'prompt (required for custom).')
+    every_n_frames: int = param(0, 'A request every n-th processed frame (0: not frame-counted).', minimum=0)
+    period_s: float = param(0.0,
+        "A request when this much observation time passed since the stream's last one (0: not timed).",
+        minimum=0.0)
+    trigger: str = param('periodic',
+        'periodic (every_n_frames and / or period_s) | on_instruction_change (one request per new instruction).',
+        choices=TRIGGERS)
+    max_new_tokens: int = param(0, 'Tokens per request; 0 = max_new_tokens (and at most it).', minimum=0)
+    priority: int = param(0,
+        'Streams due on the same frame are admitted highest first (a full pool with reject_newest refuses the '
+        'lowest).')
+
+
 @dataclass(frozen=True)
 class NodeParams:
     """Validated parameter values. Each field is one node parameter (see :func:`param`)."""
@@ -124,12 +157,20 @@ class NodeParams:
     actions_per_chunk: int = param(0,
         "Actions of each chunk to publish for execution (LeRobot's n_action_steps); 0 = the checkpoint's "
         'n_action_steps (openpi / ours: the whole chunk).', minimum=0)
-    max_new_tokens: int = param(30, 'N: tokens generated per language request.', minimum=1)
+    max_new_tokens: int = param(30,
+        'N: tokens generated per language request (the longest a stream may ask for: the KV pool is sized '
+        'for it).', minimum=1)
     k: int = param(5, 'Per-frame decode budget (tokens per request per frame, oxygen mode).', minimum=1)
     k_auto: bool = param(False,
         'Pick k every frame so the frame fits the control period (deadline = 1 / control_rate_hz).')
+    language_streams: tuple[str, ...] = param((),
+        'Language streams (plugin-list style: each is configured by <name>.task, .prompt, .every_n_frames, '
+        ".period_s, .trigger, .max_new_tokens, .priority); [] = one stream from request_task, "
+        'request_every_n_frames and request_prompt.')
     request_every_n_frames: int = param(1,
-        'Start a language request every n-th processed frame; 0 disables language.', minimum=0)
+        'Start a language request every n-th processed frame; 0 disables language (the one-stream shorthand, '
+        'like request_task and request_prompt: ignored when language_streams is set).',
+        minimum=0)
     request_task: str = param('memory', 'Language task: memory | narration | subtask | custom.', choices=REQUEST_TASKS)
     request_prompt: str = param('',
         "Prompt template fed after the shared prefix ({instruction} is replaced); '' uses the task's built-in"
@@ -180,10 +221,13 @@ class NodeParams:
     action_rate_hz: float = param(0.0,
         'Rate the robot executes chunk actions at (ActionChunk.dt = 1 / rate); 0 = action_horizon * '
         'control_rate_hz.', minimum=0.0)
+    language_topic_per_stream: bool = param(False,
+        'Also publish each stream\'s outputs on ~/language/<stream> (besides ~/language_output).')
     publish_trajectory: bool = param(False,
         'Also publish each chunk as trajectory_msgs/JointTrajectory on ~/trajectory (remap to '
         '/<controller>/joint_trajectory).')
     extra: dict = field(default_factory=dict, compare=False)  # overrides that are not parameters
+    streams: tuple[StreamParams, ...] = field(default=(), compare=False)  # resolved language streams
 
     @property
     def period_s(self) -> float:
@@ -211,11 +255,74 @@ class NodeParams:
         return bool(self.camera_compressed[index]) if self.camera_compressed else False
 
 
+_DERIVED = ("extra", "streams")  # NodeParams fields that are not parameters
 PARAMS: tuple[ParamSpec, ...] = tuple(
     ParamSpec(f.name, _KINDS[str(f.type)], f.default, f.metadata["help"], f.metadata["choices"],
               f.metadata["minimum"], f.metadata["positive"])
-    for f in dataclasses.fields(NodeParams) if f.name != "extra")
+    for f in dataclasses.fields(NodeParams) if f.name not in _DERIVED)
 _SPECS = {p.name: p for p in PARAMS}
+PARAM_NAMES = frozenset(_SPECS)
+STREAM_PARAMS: tuple[ParamSpec, ...] = tuple(
+    ParamSpec(f.name, _KINDS[str(f.type)], f.default, f.metadata["help"], f.metadata["choices"],
+              f.metadata["minimum"], f.metadata["positive"])
+    for f in dataclasses.fields(StreamParams) if f.name != "name")
+
+
+def stream_param_names(stream: str) -> list[str]:
+    """The ROS parameter names of one stream (``<stream>.<field>``)."""
+    return [f"{stream}.{spec.name}" for spec in STREAM_PARAMS]
+
+
+def _stream_value(values: Mapping[str, Any], stream: str, field_name: str) -> Any:
+    """``<stream>.<field>`` from ROS's flat names or a YAML file's nested mapping (``<stream>: {<field>: ...}``)."""
+    flat = f"{stream}.{field_name}"
+    if flat in values:
+        return values[flat]
+    nested = values.get(stream)
+    return nested.get(field_name, _MISSING) if isinstance(nested, Mapping) else _MISSING
+
+
+_MISSING = object()
+
+
+def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[StreamParams, ...], list[str]]:
+    """The language streams the parameters describe, and the problems found."""
+    if not p["language_streams"]:  # the one-stream shorthand
+        task = p["request_task"]
+        return (StreamParams(task, task, p["request_prompt"], p["request_every_n_frames"]),), []
+    problems: list[str] = []  # with language_streams set, the shorthand (request_*) is ignored
+    names = p["language_streams"]
+    if len(set(names)) != len(names):
+        problems.append(f"language_streams: duplicates in {list(names)}")
+    streams = []
+    for name in names:
+        if not STREAM_NAME_RE.match(name) or name in _SPECS:
+            problems.append(f"language_streams: {name!r} is not a valid stream name (letters, digits, _; not a "
+                            "parameter name)")
+            continue
+        got: dict[str, Any] = {}
+        for spec in STREAM_PARAMS:
+            raw = _stream_value(values, name, spec.name)
+            named = dataclasses.replace(spec, name=f"{name}.{spec.name}")
+            value, problem = _coerce(named, spec.default if raw is _MISSING else raw)
+            problem = problem or _field_problem(named, value)
+            if problem:
+                problems.append(problem)
+                value = spec.default
+            got[spec.name] = value
+        got["task"] = got["task"] or (name if name in REQUEST_TASKS else CUSTOM_TASK)
+        s = StreamParams(name=name, **got)
+        if s.task == CUSTOM_TASK and not s.prompt:
+            problems.append(f"{name}.prompt: required (the stream's task is custom)")
+        if s.prompt and (problem := _template_problem(s.prompt)):
+            problems.append(f"{name}.{problem}")
+        if s.trigger == "periodic" and not (s.every_n_frames or s.period_s):
+            problems.append(f"{name}: a periodic stream needs {name}.every_n_frames or {name}.period_s > 0")
+        if s.max_new_tokens > p["max_new_tokens"]:
+            problems.append(f"{name}.max_new_tokens: {s.max_new_tokens} > max_new_tokens={p['max_new_tokens']} "
+                            "(the KV pool is sized for max_new_tokens)")
+        streams.append(s)
+    return tuple(streams), problems
 
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
@@ -324,10 +431,14 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
             value = spec.default
         out[spec.name] = value
     problems += _cross_problems(out)
+    streams, stream_problems = _streams(values, out) if not problems else ((), [])
+    problems += stream_problems
     if problems:
         raise ParamError(problems)
-    extra = {k: v for k, v in values.items() if k not in _SPECS}
-    return NodeParams(**out, extra=extra)
+    consumed = set(_SPECS) | {n for s in streams if s.name in out["language_streams"]
+                              for n in (s.name, *stream_param_names(s.name))}
+    extra = {k: v for k, v in values.items() if k not in consumed}
+    return NodeParams(**out, extra=extra, streams=streams)
 
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:

@@ -65,6 +65,7 @@ def language_output(done: FinishedRequest) -> LanguageOutput:
     msg.request_id = int(done.request_id)
     msg.frame_index = int(done.frame_index)
     msg.task = done.task
+    msg.stream = done.stream or done.task
     msg.text = done.text or ""
     msg.num_tokens = len(done.tokens)
     msg.eos = bool(done.eos)
