@@ -132,7 +132,7 @@ def test_the_node_publishes_every_stream_with_its_name() -> None:
     node = NodeProcess(REPO / "config" / "synthetic.yaml", {
         "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 4, "language_topic_per_stream": True,
         "language_streams": ["memory", "narration"], "memory.every_n_frames": 2, "narration.period_s": 0.6,
-        "memory.priority": 1,
+        "memory.priority": 1, "speculate": 3,  # drafts from each stream's last output (exact)
     }, domain_id=domain)
     probe = Probe([(c, f"/cameras/{c}/image_raw") for c in CAMS], joints, image_size=48, domain_id=domain)
     per_stream: list = []
@@ -155,6 +155,8 @@ def test_the_node_publishes_every_stream_with_its_name() -> None:
         assert {o.stream for o in per_stream} == {"narration"}, "the per-stream topic carries only its stream"
         assert {(o.stream, o.task) for o in outs} == {("memory", "memory"), ("narration", "narration")}
         assert probe.diagnostic_count("stream.memory.outputs") >= 1
+        assert probe.wait_for(lambda: 0.0 <= float(probe.diagnostics().get("draft_acceptance", "-1")) <= 1.0, 3), \
+            probe.diagnostics().get("draft_acceptance")
     finally:
         probe.close()
         assert node.stop() == 0

@@ -426,6 +426,9 @@ class OxygenNode(LifecycleNode):
         horizon = runner.n_execute if runner is not None else 0
         p = self.params
         extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
+        if p is not None and p.speculate and runner is not None:
+            rate = runner.engine.acceptance_rate
+            extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"
         store = self._store
         if store is not None:
             extra["instruction"] = (store.instruction or "")[:200]

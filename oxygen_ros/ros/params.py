@@ -177,6 +177,9 @@ class NodeParams:
         ' prompt (required for custom).')
     max_prompt_tokens: int = param(16, 'Longest request prompt in tokens (longer prompts are cut).', minimum=1)
     max_inflight: int = param(32, 'Bound on unfinished language requests (KV slots).', minimum=1)
+    speculate: int = param(0,
+        "d: exact speculative decoding, up to d draft tokens per request and decode forward from its stream's "
+        'last finished output (outputs identical to plain decoding); 0 = off.', minimum=0)
     overflow: str = param('reject_newest',
         'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
     # --- inputs
