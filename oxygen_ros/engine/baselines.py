@@ -106,12 +106,7 @@ class ParallelEngine:
         for stage in ("language_prefill", "decode"):
             result.timings[stage] = lr.timings.get(stage, 0.0)
         result.timings["frame"] = time.perf_counter() - t0
-        self.totals["rejected"] += result.rejected
-        self.totals["dropped"] += result.dropped
-        self.totals["finished"] += len(result.finished)
-        self.totals["tokens"] += result.tokens_generated
-        self.totals["drafted"] += result.drafted
-        self.totals["draft_accepted"] += result.draft_accepted
+        result.add_to(self.totals)
         return result
 
     def close(self) -> None:

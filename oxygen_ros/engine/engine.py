@@ -229,12 +229,7 @@ class Engine:
         result.inflight = len(self.scheduler.inflight)
         result.timings["frame"] = time.perf_counter() - run.t0
         self.frame_index += 1
-        self.totals["rejected"] += result.rejected
-        self.totals["dropped"] += result.dropped
-        self.totals["finished"] += len(result.finished)
-        self.totals["tokens"] += result.tokens_generated
-        self.totals["drafted"] += result.drafted
-        self.totals["draft_accepted"] += result.draft_accepted
+        result.add_to(self.totals)
         if self.detokenize is not None:
             for f in result.finished:
                 f.text = self.detokenize(f.tokens)

@@ -74,6 +74,15 @@ class FrameResult:
     draft_accepted: int = 0  # of which accepted (identical to what plain decoding generates)
     stamp: Any = None
 
+    def add_to(self, totals: dict[str, int]) -> None:
+        """Count this frame into an engine's running ``totals``."""
+        totals["rejected"] += self.rejected
+        totals["dropped"] += self.dropped
+        totals["finished"] += len(self.finished)
+        totals["tokens"] += self.tokens_generated
+        totals["drafted"] += self.drafted
+        totals["draft_accepted"] += self.draft_accepted
+
 
 @dataclass
 class RequestState:

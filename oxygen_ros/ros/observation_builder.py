@@ -166,7 +166,6 @@ class InputStore:
         self._clock = clock
         self._node_clock_ns = node_clock_ns or (lambda: int(clock() * 1e9))
         self._lock = threading.Lock()
-        self._images: list[CameraImage | None] = [None] * len(self.camera_names)  # newest accepted per camera
         n_cams = len(self.camera_names)
         self._buffers: list[deque[CameraImage]] = [deque(maxlen=CAMERA_BUFFER_DEPTH) for _ in range(n_cams)]
         self._arrivals: list[deque[float]] = [deque(maxlen=512) for _ in range(n_cams)]  # monotonic, all messages
@@ -240,7 +239,6 @@ class InputStore:
                                     "/clock?)")
         image = CameraImage(msg, compressed, stamp_ns, self._clock(), self.camera_names[index])
         with self._lock:
-            self._images[index] = image
             self._buffers[index].append(image)
         return True
 
@@ -254,8 +252,11 @@ class InputStore:
         with self._lock:
             if image in self._buffers[index]:
                 self._buffers[index].remove(image)
-            if self._images[index] is image:
-                self._images[index] = self._buffers[index][-1] if self._buffers[index] else None
+
+    def _newest(self, index: int) -> CameraImage | None:
+        """Camera ``index``'s newest accepted image (call with the lock held)."""
+        buffer = self._buffers[index]
+        return buffer[-1] if buffer else None
 
     def camera_status(self, window_s: float = RATE_WINDOW_S) -> list[CameraStatus]:
         """Per camera: messages received, receive rate over the last ``window_s`` seconds, newest accepted image."""
@@ -265,7 +266,7 @@ class InputStore:
             for i, name in enumerate(self.camera_names):
                 arrivals = self._arrivals[i]
                 recent = sum(1 for t in arrivals if now - t <= window_s)
-                newest = self._images[i]
+                newest = self._newest(i)
                 out.append(CameraStatus(name, self._received[i], recent / window_s,
                                         arrivals[-1] if arrivals else None,
                                         None if newest is None else newest.stamp_ns))
@@ -349,7 +350,8 @@ class InputStore:
     def snapshot(self) -> tuple[list[CameraImage | None], np.ndarray, np.ndarray, str | None]:
         """(images per camera, positions, seen mask, instruction), consistent with each other."""
         with self._lock:
-            return list(self._images), self._positions.copy(), self._seen.copy(), self._instruction
+            images = [self._newest(i) for i in range(len(self.camera_names))]
+            return images, self._positions.copy(), self._seen.copy(), self._instruction
 
 
 class ObservationBuilder:
