@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
@@ -40,6 +40,10 @@ class Worker(Protocol):
 
     def memory_bytes(self) -> int: ...
 
+    def cancel(self, tag: object) -> bool: ...
+
+    def partial(self, tag: object) -> list[int] | None: ...
+
     def step(self, frame: Frame, on_actions: ActionCallback | None = None) -> FrameResult: ...
 
     def step_language(self, frame: Frame) -> FrameResult: ...
@@ -48,7 +52,8 @@ class Worker(Protocol):
 class ParallelEngine:
     """The MPS-style baseline: an action worker and a language worker, each an engine with its own model copy, run
     every frame concurrently; the frame ends when the slower one does. ``Engine``'s public API (``step``, ``config``,
-    ``frame_index``, ``backlog``, ``inflight``, ``totals``, ``memory_bytes``) plus ``close``."""
+    ``frame_index``, ``backlog``, ``inflight``, ``totals``, ``cancel``, ``partial``, ``memory_bytes``) plus
+    ``close``."""
 
     def __init__(self, action_worker: Worker, language_worker: Worker, config: EngineConfig) -> None:
         self.config = config
@@ -61,12 +66,13 @@ class ParallelEngine:
     def build(cls, make_engine: Callable[..., Worker], model: Pi05Model, config: EngineConfig,
               heads: nn.ModuleList | None = None, adapter: LoraAdapter | None = None,
               adapter_tasks: set[str] | None = None, detokenize: Callable[[list[int]], str] | None = None,
-              ) -> ParallelEngine:
+              adapters: Mapping[str, LoraAdapter] | None = None) -> ParallelEngine:
         """Both workers from ``make_engine`` (the ``Engine`` class): actions on ``model`` with every head, language
         on a deep copy of it."""
-        actions = make_engine(model, config, heads, adapter, adapter_tasks, detokenize, spec=WORKER_SPEC)
+        actions = make_engine(model, config, heads, adapter, adapter_tasks, detokenize, spec=WORKER_SPEC,
+                              adapters=adapters)
         language = make_engine(copy.deepcopy(model), config, adapter=adapter, adapter_tasks=adapter_tasks,
-                               detokenize=detokenize, spec=WORKER_SPEC)
+                               detokenize=detokenize, spec=WORKER_SPEC, adapters=adapters)
         return cls(actions, language, config)
 
     @property
@@ -89,6 +95,15 @@ class ParallelEngine:
         """Speculative decoding: accepted / drafted tokens so far (None before any draft)."""
         return acceptance_rate(self.totals)
 
+    def cancel(self, tag: object) -> bool:
+        """As ``Engine.cancel`` (between frames nothing is in flight here: every request runs within its frame)."""
+        return self.language_worker.cancel(tag) or self.action_worker.cancel(tag)
+
+    def partial(self, tag: object) -> list[int] | None:
+        """As ``Engine.partial``."""
+        tokens = self.language_worker.partial(tag)
+        return tokens if tokens is not None else self.action_worker.partial(tag)
+
     def memory_bytes(self) -> int:
         """Parameters + KV pools of both workers."""
         return self.action_worker.memory_bytes() + self.language_worker.memory_bytes()
@@ -102,6 +117,7 @@ class ParallelEngine:
         lr = language.result()
         result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
         result.batch_sizes, result.decode_steps, result.rejected = lr.batch_sizes, lr.decode_steps, lr.rejected
+        result.rejected_requests = lr.rejected_requests
         result.drafted, result.draft_accepted = lr.drafted, lr.draft_accepted
         for stage in ("language_prefill", "decode"):
             result.timings[stage] = lr.timings.get(stage, 0.0)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from torch import nn
@@ -60,6 +60,7 @@ class Engine:
         detokenize: Callable[[list[int]], str] | None = None,
         spec: ModeSpec | None = None,
         drafts: DraftSource | None = None,
+        adapters: Mapping[str, LoraAdapter] | None = None,
     ) -> None:
         self.config = config or EngineConfig()
         self.config.validate()
@@ -67,13 +68,14 @@ class Engine:
         if self.spec.concurrent:
             raise ValueError("a concurrent mode runs two engines: build it with build_engine() (a ParallelEngine)")
         num_slots = self.config.max_inflight + 1 if self.spec.batched else 1
-        self.runner = ModelRunner(model, self.config, num_slots, heads, adapter, adapter_tasks)
+        self.runner = ModelRunner(model, self.config, num_slots, heads, adapter, adapter_tasks, adapters)
         if self.config.speculate and drafts is None:
             drafts = LastOutputDrafts()
         self.scheduler = Scheduler(self.config, num_slots, batched=self.spec.batched,
                                    drafts=drafts if self.config.speculate else None)
         self.detokenize = detokenize
         self.frame_index = 0
+        self._cancelled: list[FinishedRequest] = []  # cancelled between frames, reported with the next frame
         self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0, "drafted": 0, "draft_accepted": 0}
 
     # ------------------------------------------------------------------------------------------ public API
@@ -112,13 +114,35 @@ class Engine:
         """Speculative decoding: accepted / drafted tokens so far (None before any draft)."""
         return acceptance_rate(self.totals)
 
+    def cancel(self, tag: object) -> bool:
+        """Cancel the in-flight request tagged ``tag`` (``LanguageRequest.tag``): it is evicted now and its slot
+        freed; the next frame's ``FrameResult.finished`` reports it (``cancelled``, the tokens so far, not counted
+        as dropped). Call it between frames, from the thread that steps the engine. False when nothing in flight
+        has that tag (finished already, not admitted yet, or a mode that decodes each request within its frame)."""
+        done = self.scheduler.cancel(tag)
+        if done is not None:
+            self._cancelled.append(done)
+        return done is not None
+
+    def partial(self, tag: object) -> list[int] | None:
+        """The tokens generated so far by the in-flight request tagged ``tag`` (None: none in flight)."""
+        st = self.scheduler.find(tag)
+        return None if st is None else list(st.tokens)
+
     def memory_bytes(self) -> int:
         """Parameters + KV pool of this engine."""
         return self.runner.memory_bytes()
 
     def step(self, frame: Frame, on_actions: ActionCallback | None = None) -> FrameResult:
         """Run one control frame. ``on_actions(frame_index, chunks)`` fires as soon as the chunk is denoised,
-        before any language work of the frame."""
+        before any language work of the frame.
+
+        Raises:
+            ValueError: a request names an adapter the engine was not built with (nothing of the frame runs).
+        """
+        unknown = {r.adapter for r in frame.requests if r.adapter and r.adapter not in self.runner.adapters}
+        if unknown:
+            raise ValueError(f"unknown adapter(s) {sorted(unknown)}; the engine has {sorted(self.runner.adapters)}")
         sw, t0 = Stopwatch(self.runner.device), time.perf_counter()
         obs = self.runner.prepare(frame.observation)
         run = self._begin(frame, sw, t0)
@@ -143,7 +167,8 @@ class Engine:
     # ------------------------------------------------------------------------------------------ stages
     def _begin(self, frame: Frame, sw: Stopwatch, t0: float) -> _FrameRun:
         self.scheduler.begin_frame(self.frame_index, frame.stamp, t0)
-        return _FrameRun(sw, t0, FrameResult(self.frame_index, [], [], sw.times, [], 0, 0, stamp=frame.stamp))
+        finished, self._cancelled = self._cancelled, []  # cancelled since the last frame
+        return _FrameRun(sw, t0, FrameResult(self.frame_index, [], finished, sw.times, [], 0, 0, stamp=frame.stamp))
 
     def _act(self, obs: Observation, noise, run: _FrameRun) -> tuple[Prefix, int]:
         """Prefill into a free slot, then every action head denoises from it (read-only)."""

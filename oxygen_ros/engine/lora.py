@@ -2,7 +2,9 @@
 
 The adapter changes the backbone's projections for the tokens a language request appends, and nothing else:
 the shared prefix and the action path never see it, so actions stay bit-identical with an adapter loaded.
-Rows of a batched decode step that belong to requests without the adapter are masked out of the update.
+Rows of a batched decode step that belong to requests without the adapter are masked out of the update; rows of
+different adapters share one forward through :class:`LoraSet` (each adapter's update masked to its own rows, as
+multi-LoRA servers batch them), so a request decodes the same tokens batched with others as alone.
 """
 
 from __future__ import annotations
@@ -23,7 +25,32 @@ FUSED_GROUPS = {"qkv": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate_u
 _KEY = re.compile(r"language_model\.layers\.(\d+)\.(self_attn|mlp)\.(\w+)\.lora_([AB])\.weight$")
 
 
-class LoraAdapter:
+class _AdaptedLayers:
+    """The eager path's adapted attention and MLP of one backbone layer, built on ``_apply`` (one projection plus
+    the update(s))."""
+
+    def _apply(self, layer_idx: int, module: str, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def qkv(self, model, i: int, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        g = model.config.backbone
+        b, t, _ = x.shape
+        a = layer.self_attn
+        q = self._apply(i, "q_proj", a.q_proj, x).view(b, t, g.num_heads, g.head_dim).transpose(1, 2)
+        k = self._apply(i, "k_proj", a.k_proj, x).view(b, t, g.num_kv_heads, g.head_dim).transpose(1, 2)
+        v = self._apply(i, "v_proj", a.v_proj, x).view(b, t, g.num_kv_heads, g.head_dim).transpose(1, 2)
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
+
+    def attn_out_mlp(self, model, i: int, layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        h = gated_residual(h, self._apply(i, "o_proj", layer.self_attn.o_proj, attn), None)
+        x, _ = layer.post_attention_layernorm(h)
+        mlp = layer.mlp
+        inner = torch.nn.functional.gelu(self._apply(i, "gate_proj", mlp.gate_proj, x), approximate="tanh")
+        inner = inner * self._apply(i, "up_proj", mlp.up_proj, x)
+        return gated_residual(h, self._apply(i, "down_proj", mlp.down_proj, inner), None)
+
+
+class LoraAdapter(_AdaptedLayers):
     """Low-rank updates W + scale * B @ A for backbone layers, loaded from a PEFT adapter directory."""
 
     def __init__(self, weights: dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]], scale: float,
@@ -72,7 +99,10 @@ class LoraAdapter:
 
     # ------------------------------------------------------------------------------------- forward hooks
     def _apply(self, layer_idx: int, module: str, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x)
+        return self.add_delta(layer_idx, module, x, linear(x))
+
+    def add_delta(self, layer_idx: int, module: str, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``y`` (module's projection of ``x``) plus this adapter's update, on its rows (``row_mask``)."""
         ab = self.weights.get((layer_idx, module))
         if ab is None:
             return y
@@ -108,22 +138,41 @@ class LoraAdapter:
         delta = (x @ ab[0].T) @ ab[1].T * self.scale
         return y + delta if self.row_mask is None else y + delta * self.row_mask
 
-    def qkv(self, model, i: int, layer, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        g = model.config.backbone
-        b, t, _ = x.shape
-        a = layer.self_attn
-        q = self._apply(i, "q_proj", a.q_proj, x).view(b, t, g.num_heads, g.head_dim).transpose(1, 2)
-        k = self._apply(i, "k_proj", a.k_proj, x).view(b, t, g.num_kv_heads, g.head_dim).transpose(1, 2)
-        v = self._apply(i, "v_proj", a.v_proj, x).view(b, t, g.num_kv_heads, g.head_dim).transpose(1, 2)
-        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
-    def attn_out_mlp(self, model, i: int, layer, h: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        h = gated_residual(h, self._apply(i, "o_proj", layer.self_attn.o_proj, attn), None)
-        x, _ = layer.post_attention_layernorm(h)
-        mlp = layer.mlp
-        inner = torch.nn.functional.gelu(self._apply(i, "gate_proj", mlp.gate_proj, x), approximate="tanh")
-        inner = inner * self._apply(i, "up_proj", mlp.up_proj, x)
-        return gated_residual(h, self._apply(i, "down_proj", mlp.down_proj, inner), None)
+class LoraSet(_AdaptedLayers):
+    """Several adapters in one batched forward: each adds its update to the rows its ``row_mask`` selects (the
+    per-row adapter index of multi-LoRA serving, as masks). Same interface as :class:`LoraAdapter`."""
+
+    def __init__(self, adapters: list[LoraAdapter]) -> None:
+        self.adapters = adapters
+
+    def _apply(self, layer_idx: int, module: str, linear: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+        y = linear(x)
+        for a in self.adapters:
+            y = a.add_delta(layer_idx, module, x, y)
+        return y
+
+    def fused_delta(self, i: int, group: str, x: torch.Tensor, y: torch.Tensor,
+                    splits: list[int] | None = None) -> torch.Tensor:
+        for a in self.adapters:
+            y = a.fused_delta(i, group, x, y, splits)
+        return y
+
+
+def batch_lora(row_adapters: list[LoraAdapter | None], dtype: torch.dtype,
+               device: torch.device | str) -> LoraAdapter | LoraSet | None:
+    """The adapter object of one decode forward whose row i uses ``row_adapters[i]`` (None: the base model):
+    each adapter's ``row_mask`` set to its rows; one adapter alone, several as a :class:`LoraSet`."""
+    used: list[LoraAdapter] = []
+    for a in row_adapters:
+        if a is not None and all(a is not u for u in used):
+            used.append(a)
+    for a in used:
+        mask = [float(r is a) for r in row_adapters]
+        a.row_mask = torch.tensor(mask, dtype=dtype, device=device)[:, None, None]
+    if not used:
+        return None
+    return used[0] if len(used) == 1 else LoraSet(used)
 
 
 def random_lora_weights(model, r: int = 4, std: float = 0.05, zero: bool = False, seed: int = 0,

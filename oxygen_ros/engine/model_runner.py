@@ -1,22 +1,24 @@
 """The model runner: every model call of the engine, and the tensors a batched decode forward needs.
 
-It owns the KV pool, the action heads and the optional LoRA adapter. The scheduler decides which slots decode; the
+It owns the KV pool, the action heads and the optional LoRA adapters. The scheduler decides which slots decode; the
 runner turns that :class:`~.scheduler.DecodeBatch` into per-row tokens, positions and write indices, the attention
-length and the adapter's row mask, and runs ``Pi05Model.decode_step`` over the slot range in place.
+length and the adapters' row masks, and runs ``Pi05Model.decode_step`` over the slot range in place.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from .kv_cache import KVCache
-from .lora import LoraAdapter
+from .lora import LoraAdapter, LoraSet, batch_lora
 from .model import Pi05Model, Prefix
 from .modes import EngineConfig
 from .observation import Observation
+from .requests import LanguageRequest
 from .scheduler import DecodeBatch
 
 
@@ -29,19 +31,21 @@ class DecodeInputs:
     positions: torch.Tensor  # [B] RoPE position of each row's token
     write_index: torch.Tensor  # [B] cache index each row writes its K/V at
     attn_len: int  # rows attend to their valid positions in [0, attn_len)
-    lora: LoraAdapter | None  # the adapter (its row_mask set) if any active row uses it
+    lora: LoraAdapter | LoraSet | None  # the adapter(s) of the active rows, row masks set (None: base model only)
 
 
 class ModelRunner:
     """Runs the model for one engine: prefill, denoise (every action head), first tokens and batched decode."""
 
     def __init__(self, model: Pi05Model, config: EngineConfig, num_slots: int, heads: nn.ModuleList | None = None,
-                 adapter: LoraAdapter | None = None, adapter_tasks: set[str] | None = None) -> None:
+                 adapter: LoraAdapter | None = None, adapter_tasks: set[str] | None = None,
+                 adapters: Mapping[str, LoraAdapter] | None = None) -> None:
         self.model = model
         self.num_steps = config.num_steps
         self.heads = [model.head_parts()] + [h.parts() for h in (heads or [])]
-        self.adapter = adapter
+        self.adapter = adapter  # for requests of ``adapter_tasks`` that name no adapter
         self.adapter_tasks = adapter_tasks if adapter_tasks is not None else {"memory"}
+        self.adapters = dict(adapters or {})  # by name, for requests that name one (LanguageRequest.adapter)
         cfg = model.config
         longest = max(max(h.horizon for h in self.heads), config.max_prompt_tokens + config.max_new_tokens)
         # + speculate: a row's drafts (and the padding of shorter rows) may run past its last real position
@@ -97,6 +101,15 @@ class ModelRunner:
         self.cache.valid[slot, prefix_len:] = False
 
     # ------------------------------------------------------------------------------------------ decode
+    def adapter_of(self, request: LanguageRequest) -> LoraAdapter | None:
+        """The adapter a request's rows decode with: the one it names, else the default adapter for its task."""
+        if request.adapter:
+            return self.adapters[request.adapter]
+        return self.adapter if self.adapter is not None and request.task in self.adapter_tasks else None
+
+    def _lora(self, row_adapters: list[LoraAdapter | None]) -> LoraAdapter | LoraSet | None:
+        return batch_lora(row_adapters, self.model.dtype, self.device)
+
     def prepare_decode(self, batch: DecodeBatch) -> DecodeInputs:
         """Per-row inputs of one batched decode forward.
 
@@ -104,7 +117,8 @@ class ModelRunner:
         which their next real step overwrites.
         """
         n = len(batch.rows)
-        tokens, positions, writes, adapted = [0] * n, [0] * n, [0] * n, [0.0] * n
+        tokens, positions, writes = [0] * n, [0] * n, [0] * n
+        adapted: list[LoraAdapter | None] = [None] * n
         active = {r.slot for r in batch.active}
         for i, r in enumerate(batch.rows):
             if r is None:
@@ -113,13 +127,9 @@ class ModelRunner:
             writes[i] = r.prefix_len + r.fed
             if r.slot in active:
                 tokens[i] = r.next_token
-                adapted[i] = float(r.request.task in self.adapter_tasks)
+                adapted[i] = self.adapter_of(r.request)
         inputs = torch.tensor([tokens, positions, writes], device=self.device)
-        lora = None
-        if self.adapter is not None and any(adapted):
-            lora = self.adapter
-            lora.row_mask = torch.tensor(adapted, dtype=self.model.dtype, device=self.device)[:, None, None]
-        return DecodeInputs(batch.slots, inputs[0], inputs[1], inputs[2], max(writes) + 1, lora)
+        return DecodeInputs(batch.slots, inputs[0], inputs[1], inputs[2], max(writes) + 1, self._lora(adapted))
 
     def prepare_decode_multi(self, batch: DecodeBatch, feeds: list[tuple[list[int], int]]) -> DecodeInputs:
         """Inputs of a forward whose active rows feed several tokens each (``feeds``, per ``batch.active``): every
@@ -128,23 +138,20 @@ class ModelRunner:
         n = len(batch.rows)
         width = max(len(f) for f, _ in feeds)
         tokens = [[0] * width for _ in range(n)]
-        starts, writes, adapted = [0] * n, [0] * n, [0.0] * n
+        starts, writes = [0] * n, [0] * n
+        adapted: list[LoraAdapter | None] = [None] * n
         for i, r in enumerate(batch.rows):
             if r is not None:
                 starts[i], writes[i] = r.num_valid + r.fed, r.prefix_len + r.fed
         for r, (feed, _) in zip(batch.active, feeds, strict=True):
             i = r.slot - batch.lo
             tokens[i][:len(feed)] = feed
-            adapted[i] = float(r.request.task in self.adapter_tasks)
+            adapted[i] = self.adapter_of(r.request)
         dev = self.device
         offsets = torch.arange(width, device=dev)
         base = torch.tensor([starts, writes], device=dev)
-        lora = None
-        if self.adapter is not None and any(adapted):
-            lora = self.adapter
-            lora.row_mask = torch.tensor(adapted, dtype=self.model.dtype, device=dev)[:, None, None]
         return DecodeInputs(batch.slots, torch.tensor(tokens, device=dev), base[0][:, None] + offsets,
-                            base[1][:, None] + offsets, max(writes) + width, lora)
+                            base[1][:, None] + offsets, max(writes) + width, self._lora(adapted))
 
     def run_decode_multi(self, inputs: DecodeInputs) -> list[list[int]]:
         """One multi-token forward, K/V written in place (nothing marked valid); per row the argmax after each

@@ -16,13 +16,18 @@ class LanguageRequest:
     """A language task started from a frame's observation (memory, narration, subtask, ...).
 
     ``prompt_tokens`` (optional, no BOS) are fed after the shared prefix before generation starts; with none,
-    the first token comes straight from the prefix (the paper's setting).
+    the first token comes straight from the prefix (the paper's setting). ``tag`` is the caller's handle on the
+    request (e.g. an action goal): carried unchanged into its ``RequestState``, ``FinishedRequest`` and
+    ``FrameResult.rejected_requests``, and what ``Engine.cancel`` / ``Engine.partial`` look it up by (``==``).
     """
 
     task: str = "memory"
     max_new_tokens: int = 30
     prompt_tokens: list[int] = field(default_factory=list)
     stream: str = ""  # with ``task``, names the stream whose last output drafts this one (speculative decoding)
+    priority: int = 0  # k="auto": when the frame's time runs short, higher-priority rows get the extra steps
+    adapter: str = ""  # name of the suffix LoRA its rows decode with ('' = the engine's default for its task)
+    tag: object = field(default=None, compare=False)  # the caller's handle (see above)
 
     @property
     def total_steps(self) -> int:
@@ -43,7 +48,8 @@ class Frame:
 
 @dataclass
 class FinishedRequest:
-    """A language request that completed (EOS or max tokens) or was dropped."""
+    """A language request that completed (EOS or max tokens), was dropped, or was cancelled (``Engine.cancel``:
+    ``tokens`` are those generated until then)."""
 
     request_id: int
     task: str
@@ -56,6 +62,8 @@ class FinishedRequest:
     dropped: bool = False  # evicted by the drop_oldest overflow policy before finishing
     text: str | None = None
     stream: str = ""  # the request's stream (LanguageRequest.stream)
+    tag: object = None  # the request's LanguageRequest.tag
+    cancelled: bool = False  # evicted by Engine.cancel before finishing (not counted as dropped)
 
 
 @dataclass
@@ -73,6 +81,9 @@ class FrameResult:
     drafted: int = 0  # speculative draft tokens fed this frame
     draft_accepted: int = 0  # of which accepted (identical to what plain decoding generates)
     stamp: Any = None
+    # the new requests refused this frame, each with its reason: "pool full", "prompt too long" or
+    # "max_new_tokens out of range" (``rejected`` counts them)
+    rejected_requests: list[tuple[LanguageRequest, str]] = field(default_factory=list)
 
     def add_to(self, totals: dict[str, int]) -> None:
         """Count this frame into an engine's running ``totals``."""
@@ -104,6 +115,11 @@ class RequestState:
     frames: int = 1
 
     @property
+    def tag(self) -> object:
+        """The request's ``LanguageRequest.tag``."""
+        return self.request.tag
+
+    @property
     def next_token(self) -> int:
         """The token its next decode step feeds: the next prompt token, then its last generated one."""
         prompt = self.request.prompt_tokens
@@ -119,10 +135,11 @@ class RequestState:
         self.tokens.append(token)
         self.eos = token == eos_id
 
-    def finish(self, now: float, dropped: bool = False) -> FinishedRequest:
+    def finish(self, now: float, dropped: bool = False, cancelled: bool = False) -> FinishedRequest:
         """Its result, with the latency from its frame's start to ``now``."""
         return FinishedRequest(self.request_id, self.request.task, self.frame_index, self.stamp, list(self.tokens),
-                               self.eos, now - self.start_time, self.frames, dropped, stream=self.request.stream)
+                               self.eos, now - self.start_time, self.frames, dropped, stream=self.request.stream,
+                               tag=self.request.tag, cancelled=cancelled)
 
 
 # ``on_actions(frame_index, chunks)``: called with a frame's action chunks (one per head) before its language work.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from .modes import OVERFLOW_POLICIES, UNBOUNDED, EngineConfig
-from .requests import FrameResult, LanguageRequest, RequestState
+from .requests import FinishedRequest, FrameResult, LanguageRequest, RequestState
 from .slots import SlotAllocator
 from .speculative import DraftSource, row_feed, verify
 
@@ -106,6 +106,7 @@ class Scheduler:
         self.inflight: list[RequestState] = []
         self.next_request_id = 0
         self._frame: tuple[int, Any, float] = (0, None, 0.0)  # index, stamp, start time of the current frame
+        self._allow: dict[int, int] = {}  # request id -> steps this frame, where priorities set them (auto)
 
     # ------------------------------------------------------------------------------------------ frames and slots
     def begin_frame(self, index: int, stamp: Any, start_time: float) -> None:
@@ -129,6 +130,20 @@ class Scheduler:
         ec = self.config
         return 1 <= req.max_new_tokens <= ec.max_new_tokens and len(req.prompt_tokens) <= ec.max_prompt_tokens
 
+    def rejection(self, req: LanguageRequest) -> str | None:
+        """Why the pool cannot take the request whatever is in flight (None: it :meth:`fits`)."""
+        ec = self.config
+        if not 1 <= req.max_new_tokens <= ec.max_new_tokens:
+            return "max_new_tokens out of range"
+        if len(req.prompt_tokens) > ec.max_prompt_tokens:
+            return "prompt too long"
+        return None
+
+    def reject(self, req: LanguageRequest, reason: str, result: FrameResult) -> None:
+        """Refuse a new request: counted in ``result.rejected`` and listed with its reason."""
+        result.rejected += 1
+        result.rejected_requests.append((req, reason))
+
     def admit(self, requests: list[LanguageRequest], prefix: Prefix, slot: int, first_token: Callable[[], int],
               result: FrameResult) -> list[tuple[int, int]]:
         """Turn new requests into in-flight states that start from ``prefix`` in ``slot``.
@@ -144,12 +159,13 @@ class Scheduler:
         index, stamp, start = self._frame
         slot_owned = slot_freed = False  # `slot` holds the prefix; the engine allocated it for this frame
         for req in requests:
-            if not self.fits(req):
-                result.rejected += 1
+            reason = self.rejection(req)
+            if reason is not None:
+                self.reject(req, reason, result)
                 continue
             if len(self.inflight) >= ec.max_inflight:
                 if ec.overflow == "reject_newest":
-                    result.rejected += 1
+                    self.reject(req, "pool full", result)
                     continue
                 victim = self.inflight[0]
                 self.evict(victim, result, dropped=True)
@@ -189,17 +205,75 @@ class Scheduler:
         result.finished.append(st.finish(time.perf_counter(), dropped))
         result.dropped += int(dropped)
 
+    def find(self, tag: object) -> RequestState | None:
+        """The in-flight request whose ``LanguageRequest.tag == tag`` (None: none, or ``tag`` is None)."""
+        if tag is None:
+            return None
+        return next((r for r in self.inflight if r.request.tag == tag), None)
+
+    def cancel(self, tag: object) -> FinishedRequest | None:
+        """Evict the in-flight request tagged ``tag`` now (between frames) and free its slot. Returns its result
+        (``cancelled``, the tokens so far; not dropped, and the drafts do not learn from it), None when no request
+        in flight has that tag."""
+        st = self.find(tag)
+        if st is None:
+            return None
+        self.inflight.remove(st)
+        if self.batched:
+            self.slots.free(st.slot)
+        return st.finish(time.perf_counter(), cancelled=True)
+
     # ------------------------------------------------------------------------------------------ decoding
     def frame_budget(self) -> int:
-        """Decode steps each in-flight request may advance this frame (``k``, or what ``auto`` fits)."""
+        """Decode steps each in-flight request may advance this frame (``k``, or what ``auto`` fits).
+
+        ``auto`` with requests of different priorities: every row still gets ``k_min`` steps (nothing starves:
+        each in-flight request advances every frame), and the time left after those goes to the highest-priority
+        rows first, in forwards over just them (see :meth:`_priority_allowances`)."""
         reqs = self.inflight
         backlog = max((r.request.total_steps - r.steps for r in reqs), default=0)
-        return self.budget.budget(time.perf_counter() - self._frame[2], len(reqs), backlog)
+        elapsed = time.perf_counter() - self._frame[2]
+        k = self.budget.budget(elapsed, len(reqs), backlog)
+        live = [r for r in reqs if not r.done]
+        self._allow = (self._priority_allowances(live, elapsed)
+                       if self.budget.auto and len({r.request.priority for r in live}) > 1 else {})
+        return k
+
+    def _priority_allowances(self, reqs: list[RequestState], elapsed: float) -> dict[int, int]:
+        """Per request id, its steps this frame under ``auto`` when priorities differ: ``k_min`` for all, then,
+        level by level from the highest priority, as many extra forwards over the rows of at least that priority
+        as the time left pays for (their cost estimated from the measured step times of their slot span)."""
+        b = self.budget
+
+        def cost(rows: list[RequestState]) -> float | None:
+            return b.step_cost(max(r.slot for r in rows) - min(r.slot for r in rows) + 1)
+
+        full = cost(reqs)
+        if full is None:  # nothing measured yet: k_min for everyone
+            return {}
+        # in the units of ``k``: steps counted from the frame's start (a request's free first token included)
+        cap = {r.request_id: r.frame_steps + r.request.total_steps - r.steps for r in reqs}
+        allow = {i: min(b.k_min, c) for i, c in cap.items()}
+        left = max(b.deadline_s - elapsed, 0.0) * b.safety - b.k_min * full
+        for level in sorted({r.request.priority for r in reqs}, reverse=True):
+            rows = [r for r in reqs if r.request.priority >= level]
+            want = max(cap[r.request_id] - allow[r.request_id] for r in rows)
+            c = cost(rows)
+            extra = min(want, b.k_max - b.k_min, math.floor(max(left, 0.0) / c) if c else want)
+            if extra <= 0:
+                if want > 0:
+                    break  # no time for this level; lower levels span at least as many rows
+                continue
+            for r in rows:
+                allow[r.request_id] = min(cap[r.request_id], allow[r.request_id] + extra)
+            left -= extra * c
+        return allow
 
     def schedule(self, k: int) -> DecodeBatch | None:
         """The next decode forward: every unfinished request with budget left, over the slot range they span
         (live rows in between idle, free slots are dummy rows); None when nothing is left to decode this frame."""
-        active = [r for r in self.inflight if not r.done and r.frame_steps < k]
+        allow = self._allow
+        active = [r for r in self.inflight if not r.done and r.frame_steps < allow.get(r.request_id, k)]
         if not active:
             return None
         by_slot = {r.slot: r for r in self.inflight}

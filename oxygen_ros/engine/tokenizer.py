@@ -4,9 +4,16 @@ The action prompt is exactly openpi's pi0.5 format::
 
     BOS + "Task: {instruction}, State: {s_1 ... s_d};\\nAction: "
 
-where each normalised state value in [-1, 1] is bucketed into one of 256 bins. Language requests
-(memory, narration, subtask or custom text) continue after that shared prefix, so their own prompts
-carry no BOS.
+where each normalised state value in [-1, 1] is bucketed into one of 256 bins. With a subtask
+(``tokenize_action_prompt(..., subtask=...)``, staged inference after openpi PR #942: the subtask a
+"Subtask: " request generated conditions the next frames' actions) the prompt is::
+
+    BOS + "Task: {instruction}, State: {s_1 ... s_d};\nSubtask: {subtask};\nAction: "
+
+and without one (None or empty) exactly upstream's format above. Language requests (memory, narration,
+subtask, questions or custom text) continue after that shared prefix, so their own prompts carry no BOS;
+a question's prompt is :data:`QUESTION_TEMPLATE` (:meth:`PromptTokenizer.tokenize_question`, request
+task "answer").
 """
 
 from __future__ import annotations
@@ -41,6 +48,8 @@ LANGUAGE_TEMPLATES: dict[str, str] = {
     "subtask": "Subtask: ",
 }
 CUSTOM_TASK = "custom"
+# Prompt of a question request (task "answer"): the question carries its own text, so it has no template entry.
+QUESTION_TEMPLATE = "Question: {question}\nAnswer: "
 
 
 @dataclass(frozen=True)
@@ -79,6 +88,11 @@ def discretize_state(state: np.ndarray | Iterable[float], clip: bool = False) ->
         values = np.clip(values.astype(np.float64), -1.0, 1.0)
     bins = np.digitize(values, bins=_STATE_BIN_EDGES) - 1
     return bins.astype(np.int64)
+
+
+def _clean(text: str) -> str:
+    """Prompt text as openpi cleans the instruction: stripped, "_" and newlines replaced by spaces."""
+    return text.strip().replace("_", " ").replace("\n", " ")
 
 
 def _resolve_model_path(path: str | os.PathLike[str]) -> Path:
@@ -166,7 +180,8 @@ class PromptTokenizer:
         return list(self._sp.encode(text, add_bos=add_bos))
 
     def tokenize_action_prompt(self, instruction: str, state: np.ndarray | None,
-                               clip_state: bool = False, keep_state: bool = False) -> TokenizedPrompt:
+                               clip_state: bool = False, keep_state: bool = False,
+                               subtask: str | None = None) -> TokenizedPrompt:
         """Tokenise a pi0.5 action prompt exactly as openpi's ``PaligemmaTokenizer.tokenize``.
 
         Args:
@@ -176,22 +191,32 @@ class PromptTokenizer:
             clip_state: clip the state to [-1, 1] before discretising (see :func:`discretize_state`).
             keep_state: when the prompt is too long, cut the instruction (at a token boundary) so that the state
                 and the ``Action:`` suffix still fit (``instruction_cut`` is set), instead of cutting the prompt's
-                end as openpi and LeRobot do. Prompts that fit are identical either way.
+                end as openpi and LeRobot do. Prompts that fit are identical either way. The subtask is kept too.
+            subtask: the current subtask (cleaned like the instruction): adds ``"Subtask: {subtask};\n"`` before
+                ``"Action: "``. None or empty: upstream's prompt, unchanged. Needs a state (pi0.5 format).
 
         Returns:
             The padded prompt. When it is still longer than max_token_len it is cut to max_token_len
             (``truncated`` is set; a warning is logged the first time per tokenizer instance).
+
+        Raises:
+            ValueError: a subtask without a state (the pi0 format has no place for it), a state that is not 1-D
+                or not finite.
         """
         cleaned = instruction.strip().replace("_", " ").replace("\n", " ")
+        sub = _clean(subtask) if subtask else ""
+        tail = f"Subtask: {sub};\nAction: " if sub else "Action: "
         instruction_cut = False
         if state is not None:
             bins = discretize_state(state, clip=clip_state)
             if bins.ndim != 1:
                 raise ValueError(f"state must be 1-D, got shape {bins.shape}")
             state_str = " ".join(map(str, bins.tolist()))
-            tokens = self.encode(f"Task: {cleaned}, State: {state_str};\nAction: ", add_bos=True)
+            tokens = self.encode(f"Task: {cleaned}, State: {state_str};\n{tail}", add_bos=True)
             if keep_state and len(tokens) > self._max_token_len:
-                tokens, instruction_cut = self._cut_instruction(cleaned, state_str, len(tokens)), True
+                tokens, instruction_cut = self._cut_instruction(cleaned, state_str, len(tokens), tail), True
+        elif sub:
+            raise ValueError("a subtask needs the pi0.5 prompt format (a state in the prompt)")
         else:
             # pi0 format: "\n" is tokenised separately as the start-of-answer token.
             tokens = self.encode(cleaned, add_bos=True) + self.encode("\n")
@@ -218,13 +243,14 @@ class PromptTokenizer:
         mask[:num] = True
         return TokenizedPrompt(ids=ids, mask=mask, truncated=truncated, num_tokens=num, instruction_cut=instruction_cut)
 
-    def _cut_instruction(self, cleaned: str, state_str: str, n_tokens: int) -> list[int]:
-        """The action prompt with the instruction cut to the longest token prefix that lets the whole fit."""
+    def _cut_instruction(self, cleaned: str, state_str: str, n_tokens: int, tail: str = "Action: ") -> list[int]:
+        """The action prompt with the instruction cut to the longest token prefix that lets the whole fit
+        (``tail``: what follows the state line, ``"Action: "`` or the subtask line and ``"Action: "``)."""
         ids = self.encode(cleaned)
         keep = max(0, len(ids) - (n_tokens - self._max_token_len))
         while True:
             cut = self._sp.decode(ids[:keep]).strip()
-            tokens = self.encode(f"Task: {cut}, State: {state_str};\nAction: ", add_bos=True)
+            tokens = self.encode(f"Task: {cut}, State: {state_str};\n{tail}", add_bos=True)
             if len(tokens) <= self._max_token_len or keep == 0:  # re-encoding a prefix can merge differently
                 return tokens
             keep -= 1
@@ -257,6 +283,24 @@ class PromptTokenizer:
             raise ValueError(f"empty prompt for language task {task!r}")
         if len(tokens) > max_len:
             logger.warning("%s request prompt has %d tokens, truncating to %d", task, len(tokens), max_len)
+            tokens = tokens[:max_len]
+        return tokens
+
+    def tokenize_question(self, question: str, max_len: int = 48) -> list[int]:
+        """Tokenise a question request's prompt, :data:`QUESTION_TEMPLATE` (no BOS: it continues after the action
+        prefix; request task "answer").
+
+        Raises:
+            ValueError: For an empty (or blank) question or max_len < 1. Longer prompts are cut (with a warning).
+        """
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        cleaned = _clean(question or "")
+        if not cleaned:
+            raise ValueError("empty question")
+        tokens = self.encode(QUESTION_TEMPLATE.format(question=cleaned), add_bos=False)
+        if len(tokens) > max_len:
+            logger.warning("question prompt has %d tokens, truncating to %d", len(tokens), max_len)
             tokens = tokens[:max_len]
         return tokens
 
