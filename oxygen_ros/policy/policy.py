@@ -49,11 +49,14 @@ class RawObservation:
         camera's native size, uint8 or float in [0, 1]; a missing slot is simply absent.
     state: raw state in robot units (the checkpoint's state order).
     task: the instruction text, uncleaned.
+    subtask: a subtask to condition the actions on ('' = none: exactly upstream's prompt); see
+        :meth:`oxygen_ros.engine.tokenizer.PromptTokenizer.tokenize_action_prompt`.
     """
 
     images: Mapping[str, np.ndarray]
     state: np.ndarray
     task: str
+    subtask: str = ""
 
 
 @dataclass
@@ -66,6 +69,7 @@ class PreparedObservation:
     prompt_truncated: bool  # the prompt's end was cut (the state alone overflows max_token_len)
     normalized_state: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))
     instruction_cut: bool = False  # the instruction was cut so that the state fits
+    subtask: str = ""  # the subtask the action prompt holds ('' = none)
 
 
 class Policy:
@@ -115,16 +119,19 @@ class Policy:
         norm_state = normalize(state, spec.state_norm)
         if spec.framework == "oxygen":
             norm_state = np.asarray(norm_state, dtype=np.float32)  # our checkpoints are trained on float32 states
+        subtask = raw.subtask.strip()
         prompt = self.tokenizer.tokenize_action_prompt(raw.task, norm_state if spec.state_in_prompt else None,
                                                        clip_state=spec.clip_state,
-                                                       keep_state=self.keep_state_in_prompt)
+                                                       keep_state=self.keep_state_in_prompt,
+                                                       **({"subtask": subtask} if subtask else {}))
         n = prompt.num_tokens
         obs = Observation(
             images=torch.from_numpy(images)[None], image_masks=torch.from_numpy(masks)[None],
             tokens=torch.from_numpy(prompt.ids[:n].copy())[None],  # padding would only cost compute
             token_mask=torch.from_numpy(prompt.mask[:n].copy())[None],
             state=torch.from_numpy(np.asarray(norm_state, dtype=np.float32))[None])
-        return PreparedObservation(obs, state, n, prompt.truncated, np.asarray(norm_state), prompt.instruction_cut)
+        return PreparedObservation(obs, state, n, prompt.truncated, np.asarray(norm_state), prompt.instruction_cut,
+                                   subtask)
 
     # ------------------------------------------------------------------------------------------ outputs
     def postprocess(self, chunk: np.ndarray | torch.Tensor, prepared: PreparedObservation) -> np.ndarray:

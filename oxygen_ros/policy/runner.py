@@ -13,6 +13,8 @@ Latencies (seconds, ``time.monotonic``):
 
 from __future__ import annotations
 
+import dataclasses
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -44,7 +46,10 @@ class LanguageSchedule:
         last one (0: not timed). With both cadences, either starts one.
     trigger: periodic (the cadences above) | on_instruction_change (one request for each new instruction).
     priority: streams starting on the same frame are admitted in descending priority (ties: configured order),
-        so under a full pool with reject_newest the higher-priority request gets the slot.
+        so under a full pool with reject_newest the higher-priority request gets the slot; under ``k=auto`` the
+        frame's spare decode time goes to higher-priority rows first (every row still advances each frame).
+    adapter: name of the engine adapter (``Engine(adapters=...)``) its requests decode with; rows of different
+        adapters still share one batched forward.
     """
 
     every_n_frames: int = 0
@@ -56,6 +61,7 @@ class LanguageSchedule:
     period_s: float = 0.0
     trigger: str = "periodic"
     priority: int = 0
+    adapter: str = ""  # the engine's suffix LoRA its requests decode with ('' = the engine's default)
 
     def __post_init__(self) -> None:
         if self.task not in (*LANGUAGE_TEMPLATES, CUSTOM_TASK):
@@ -109,6 +115,7 @@ class ChunkOutput:
     chunk: np.ndarray  # [H, D]: everything the model denoised
     latency_s: float
     inference_s: float
+    subtask: str = ""  # the subtask its action prompt was conditioned on ('' = none)
 
 
 @dataclass
@@ -141,11 +148,15 @@ class FrameRunner:
         language: the language stream, or several (names unique), each at its own cadence.
         noise: ``noise(frame_index, H, A)`` -> [1, H, A]; default :func:`seeded_noise` (seed 0).
         n_execute: actions of each chunk to execute (default: the checkpoint's ``n_action_steps``).
+        condition_on: subtask conditioning (off: ''): the name of a stream (normally the ``subtask`` task) whose
+            latest finished output enters the action prompt of the frames after it finished, in pi0.5's two-stage
+            form (``PromptTokenizer.tokenize_action_prompt(subtask=...)``); cleared when the instruction changes.
     """
 
     def __init__(self, policy: Policy, engine_factory: Callable[[], Engine],
                  language: LanguageSchedule | Sequence[LanguageSchedule] | None = None,
-                 noise: Callable[[int, int, int], torch.Tensor] | None = None, n_execute: int | None = None) -> None:
+                 noise: Callable[[int, int, int], torch.Tensor] | None = None, n_execute: int | None = None,
+                 condition_on: str = "") -> None:
         self.policy = policy
         self._factory = engine_factory
         self.engine = engine_factory()
@@ -160,8 +171,16 @@ class FrameRunner:
         self.n_execute = int(n_execute or policy.spec.n_action_steps)
         if not 0 < self.n_execute <= policy.spec.chunk_size:
             raise ValueError(f"n_execute {self.n_execute} must be in 1..{policy.spec.chunk_size} (the chunk size)")
+        if condition_on and condition_on not in names:
+            raise ValueError(f"subtask conditioning on stream {condition_on!r}, which is not configured ({names})")
+        self.condition_on = condition_on
+        self._subtask: tuple[str, str] = ("", "")  # (instruction it was generated for, text)
+        self._subtask_requests: dict[int, str] = {}  # frame index -> instruction of its subtask request
         self.processed = 0
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
+        self._submitted: list[LanguageRequest] = []  # ad-hoc requests for the next frame (submit)
+        self._cancels: list[object] = []  # tags the engine cancels before the next frame (cancel)
+        self._queue_lock = threading.Lock()  # submit and cancel may come from other threads than step
 
     @property
     def backlog(self) -> int:
@@ -174,6 +193,7 @@ class FrameRunner:
         if close is not None:
             close()
         self.engine = self._factory()
+        self._subtask_requests.clear()  # their requests are lost with the engine (frame indices restart)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
@@ -184,6 +204,21 @@ class FrameRunner:
     def language(self) -> LanguageSchedule:
         """The first stream (the one-stream setup's schedule); an inactive one when there is none."""
         return self.streams[0] if self.streams else LanguageSchedule()
+
+    def subtask(self, instruction: str) -> str:
+        """The subtask the next frame's action prompt holds for ``instruction`` ('' without conditioning, before
+        the stream's first output, or after the instruction changed)."""
+        made_for, text = self._subtask
+        return text if self.condition_on and made_for == instruction else ""
+
+    def _observe_subtask(self, result: FrameResult) -> None:
+        for f in result.finished:
+            if f.stream != self.condition_on:
+                continue
+            made_for = self._subtask_requests.pop(f.frame_index, None)
+            if made_for is not None and not f.dropped and not getattr(f, "cancelled", False):
+                text = f.text if f.text is not None else self.policy.tokenizer.decode(f.tokens)
+                self._subtask = (made_for, text.strip())
 
     def request_tokens(self, instruction: str, stream: LanguageSchedule | None = None) -> list[int]:
         """Prompt tokens of ``stream``'s request for this instruction (cached per stream for a repeated one)."""
@@ -199,6 +234,35 @@ class FrameRunner:
         self._prompt_cache[lang.stream] = (instruction, tokens)
         return tokens
 
+    def submit(self, request: LanguageRequest) -> None:
+        """Queue an ad-hoc request (a question, say; its ``tag`` finds it again in the results): admitted with the
+        next frame that runs, among that frame's due stream requests by ``request.priority`` (ties: the streams
+        first). Thread-safe."""
+        with self._queue_lock:
+            self._submitted.append(request)
+
+    def cancel(self, tag: object) -> bool:
+        """Cancel the request tagged ``tag``. True: it was still queued (:meth:`submit`) and is dropped, it never
+        runs. False: the engine evicts it before the next frame, if it is still in flight then (``Engine.cancel``:
+        that frame's ``FrameResult.finished`` reports it, ``cancelled``). Thread-safe."""
+        with self._queue_lock:
+            for i, r in enumerate(self._submitted):
+                if r.tag == tag:
+                    del self._submitted[i]
+                    return True
+            self._cancels.append(tag)
+            return False
+
+    def _with_submitted(self, due: list[LanguageRequest]) -> list[LanguageRequest]:
+        """Apply the pending cancellations, then the frame's requests: the due ones and the submitted ones, by
+        priority (stable: the due ones' order holds, ties put the streams first)."""
+        with self._queue_lock:
+            submitted, self._submitted = self._submitted, []
+            cancels, self._cancels = self._cancels, []
+        for tag in cancels:
+            self.engine.cancel(tag)
+        return sorted(due + submitted, key=lambda r: -r.priority) if submitted else due
+
     def _due_requests(self, stamp_ns: int, instruction: str) -> list[LanguageRequest]:
         """The requests this frame starts: every due stream's, in admission order."""
         stamp = stamp_ns or time.monotonic_ns()  # unstamped (offline) frames: the wall clock times period_s
@@ -207,7 +271,7 @@ class FrameRunner:
             if clock.due(self.processed, stamp, instruction):
                 s = clock.schedule
                 requests.append(LanguageRequest(s.task, s.max_new_tokens, list(self.request_tokens(instruction, s)),
-                                                stream=s.stream))
+                                                stream=s.stream, priority=s.priority, adapter=s.adapter))
                 clock.started(stamp, instruction)
         return requests
 
@@ -222,12 +286,14 @@ class FrameRunner:
         t0 = time.monotonic()
         if isinstance(observation, RawObservation):
             instruction = observation.task if instruction is None else instruction
+            if self.condition_on and not observation.subtask:
+                observation = dataclasses.replace(observation, subtask=self.subtask(instruction))
             prepared = self.policy.prepare(observation)
         else:
             prepared = observation
         t_prep = time.monotonic()
         index = self.engine.frame_index
-        requests = self._due_requests(stamp_ns, instruction or "") if start_language else []
+        requests = self._with_submitted(self._due_requests(stamp_ns, instruction or "") if start_language else [])
         spec = self.policy.spec
         noise = self.noise(index, spec.chunk_size, self.policy.model.config.action_dim)
         out: list[ChunkOutput] = []
@@ -236,13 +302,18 @@ class FrameRunner:
             robot = self.policy.postprocess(chunks[0], prepared)
             now = time.monotonic()
             since = t0 if arrived is None else arrived
-            chunk = ChunkOutput(frame_index, stamp_ns, robot[: self.n_execute], robot, now - since, now - t0)
+            chunk = ChunkOutput(frame_index, stamp_ns, robot[: self.n_execute], robot, now - since, now - t0,
+                                prepared.subtask)
             out.append(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
 
         result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns), on_actions=handle)
         self.processed += 1
+        if self.condition_on:
+            if any(r.stream == self.condition_on for r in requests):
+                self._subtask_requests[index] = instruction or ""
+            self._observe_subtask(result)
         if not out:  # engines always call back; keep the contract even if one did not
             handle(result.frame_index, result.actions)
         return FrameOutput(out[0], result, prepared, t_prep - t0, len(requests))
