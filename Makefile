@@ -26,7 +26,7 @@ $(BIN)/python:
 # directories (tools/build_msgs.sh), so the launch file that runs is the edited one; the links are removed first so
 # that pip never writes through them.
 $(STAMP): $(BIN)/python requirements.txt constraints.txt setup.py setup.cfg Makefile \
-		CMakeLists.txt package.xml tools/build_msgs.sh tools/wheel_include_fix.cmake $(wildcard msg/*.msg)
+		CMakeLists.txt package.xml tools/build_msgs.sh tools/wheel_include_fix.cmake $(wildcard msg/*.msg action/*.action)
 	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
 	for d in launch config; do if [ -L $(SHARE)/$$d ]; then rm $(SHARE)/$$d; fi; done
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .

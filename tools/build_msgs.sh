@@ -28,7 +28,7 @@ if [[ "$src" == "$repo" ]]; then
   name=oxygen_ros
   build="$repo/build/msgs"
   extra_args=(-DOXYGEN_ROS_INSTALL_PYTHON_SOURCES=OFF)
-  smoke="from oxygen_ros.msg import ActionChunk, LanguageOutput"
+  smoke="from oxygen_ros.msg import ActionChunk, LanguageOutput; from oxygen_ros.action import Ask"
 else
   name="$(basename "$src")"
   build="$repo/build/$name"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import json
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -15,6 +16,7 @@ import torch
 
 from oxygen_ros.engine.config import CAMERA_SLOTS, DTYPES
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
+from oxygen_ros.engine.lora import LoraAdapter
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
@@ -179,9 +181,10 @@ def instruction_char_cap(p: NodeParams, policy: Policy) -> int:
 
 def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None) -> EngineConfig:
     """The engine configuration the parameters describe."""
+    prompt_tokens = max(p.max_prompt_tokens, p.ask_max_prompt_tokens if p.ask_enabled else 0)  # questions too
     return EngineConfig(mode=p.mode, num_steps=p.num_steps, k="auto" if p.k_auto else p.k,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
-                        max_new_tokens=p.max_new_tokens, max_prompt_tokens=p.max_prompt_tokens, eos_id=eos_id,
+                        max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
                         speculate=p.speculate)
 
 
@@ -190,12 +193,43 @@ def build_runner(loaded: LoadedPolicy) -> FrameRunner:
     p, policy = loaded.params, loaded.policy
     tok = policy.tokenizer
 
+    model = policy.model
+    adapters = {s.name: load_adapter(s.adapter, f"{s.name}.adapter", model) for s in p.streams if s.adapter}
+
     def factory() -> Engine:
-        return build_engine(policy.model, engine_config(p, tok.eos_id), detokenize=tok.decode)
+        return build_engine(model, engine_config(p, tok.eos_id), detokenize=tok.decode, adapters=adapters)
 
     language = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
-                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority) for s in p.streams]
-    return FrameRunner(policy, factory, language, seeded_noise(p.seed), p.actions_per_chunk or None)
+                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority,
+                                 s.name if s.adapter else "") for s in p.streams]
+    return FrameRunner(policy, factory, language, seeded_noise(p.seed), p.actions_per_chunk or None,
+                       condition_on=p.subtask_conditioning)
+
+
+def load_adapter(path: str, param_name: str, model) -> LoraAdapter:
+    """A stream's PEFT adapter on the model's device and dtype, checked against the backbone's shapes.
+
+    Raises:
+        ValueError: a missing or malformed adapter directory, or one that does not fit the model.
+    """
+    directory = Path(path).expanduser()
+    if not (directory / "adapter_config.json").is_file() or not (directory / "adapter_model.safetensors").is_file():
+        raise ValueError(f"{param_name}: {path!r} is not a PEFT adapter directory (adapter_config.json + "
+                         "adapter_model.safetensors)")
+    try:
+        adapter = LoraAdapter.load(directory, dtype=model.dtype, device=model.device)
+    except (KeyError, ValueError, OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{param_name}: cannot read the adapter in {path!r}: {e}") from e
+    layers = model.backbone.layers
+    for (i, module), (a, b) in adapter.weights.items():
+        if i >= len(layers):
+            raise ValueError(f"{param_name}: adapter layer {i} but the backbone has {len(layers)} layers")
+        lin = getattr(layers[i].self_attn if module.endswith(("q_proj", "k_proj", "v_proj", "o_proj"))
+                      else layers[i].mlp, module)
+        if a.shape[1] != lin.in_features or b.shape[0] != lin.out_features or a.shape[0] != b.shape[1]:
+            raise ValueError(f"{param_name}: adapter {module} of layer {i} has A {tuple(a.shape)}, B "
+                             f"{tuple(b.shape)}; the model's projection is {lin.in_features} -> {lin.out_features}")
+    return adapter
 
 
 def warm_up(loaded: LoadedPolicy, frames: int = 2) -> float:

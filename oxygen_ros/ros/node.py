@@ -16,6 +16,9 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller), stamped
                             with the observation time, points already in the past dropped
   out  /diagnostics         diagnostic_msgs/DiagnosticArray, 1 Hz
+  act  ~/ask                oxygen_ros/action/Ask (ask.enabled): a question answered from the current observation,
+                            decoded with the language streams (feedback every frame; the answer also on
+                            ~/language_output, stream ask); see ask_server.py
 
 Action timing, everywhere: action i of a chunk is the target for ``stamp + (i + 1) * dt`` (ActionChunk.dt, the
 trajectory's time_from_start, the simulator's execution).
@@ -59,10 +62,11 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
+from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
 from .model_loader import LoadedPolicy, build_runner, instruction_char_cap, load_node_policy, warm_up
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
-from .params import PARAM_NAMES, PARAMS, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
+from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
@@ -121,6 +125,7 @@ class OxygenNode(LifecycleNode):
         self._camera_watch: CameraWatch | None = None
         self._action_pub = self._language_pub = self._trajectory_pub = None
         self._stream_pubs: dict[str, Any] = {}
+        self._ask: AskServer | None = None
         self._control_timer = None
         self._worker: threading.Thread | None = None
         self._last_instruction = ""
@@ -181,13 +186,16 @@ class OxygenNode(LifecycleNode):
                                  for s in p.streams}
         if p.publish_trajectory:
             self._trajectory_pub = self.create_lifecycle_publisher(JointTrajectory, TRAJECTORY_TOPIC, 10)
+        if p.ask_enabled:  # goals are accepted while active
+            self._ask = AskServer(self, self._runner, p, lambda: self._state == "active",
+                                  self.stats.rejected_inputs.add)
 
     def _stream_parameters(self, streams: Any) -> dict[str, Any]:
         """Declare (once) and read the ``<stream>.<field>`` parameters of the listed language streams (the
         plugin-list style: which names exist depends on ``language_streams``); bad names are left to validate."""
         values: dict[str, Any] = {}
         for stream in streams if isinstance(streams, (list, tuple)) else ():
-            if not isinstance(stream, str) or not STREAM_NAME_RE.match(stream) or stream in PARAM_NAMES:
+            if not isinstance(stream, str) or not STREAM_NAME_RE.match(stream) or stream in RESERVED_STREAM_NAMES:
                 continue
             for spec in STREAM_PARAMS:
                 name = f"{stream}.{spec.name}"
@@ -288,6 +296,8 @@ class OxygenNode(LifecycleNode):
             if self._store is not None:
                 self._last_instruction = self._store.instruction or ""
             self._store = self._builder = None
+            if self._ask is not None:
+                self._ask.abort_all("the node stopped processing (deactivated)")
             if self._runner is not None and self._runner.backlog:
                 self._runner.reset()
 
@@ -331,6 +341,8 @@ class OxygenNode(LifecycleNode):
             for pub in (self._action_pub, self._language_pub, self._trajectory_pub, *self._stream_pubs.values()):
                 if pub is not None:
                     self.destroy_lifecycle_publisher(pub)
+            if self._ask is not None:
+                self._ask.destroy()
             if self._runner is not None:
                 self._runner.close()
             if self._loaded is not None:
@@ -366,7 +378,7 @@ class OxygenNode(LifecycleNode):
         try:
             if self._runner is None or self._builder is None:
                 return
-            built = self._builder.build(self.get_clock().now().nanoseconds)
+            built = self._builder.build(self.get_clock().now().nanoseconds, self._runner.subtask)
             if isinstance(built, Skip):
                 self.stats.skipped.add(built.reason, built.detail)
                 return
@@ -391,27 +403,31 @@ class OxygenNode(LifecycleNode):
                 return  # shutting down
             self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
             self.get_logger().debug(traceback.format_exc())
+            if self._ask is not None:
+                self._ask.abort_all(f"the frame failed: {type(e).__name__}: {e}")
             self._runner.reset()
             return
         result = out.result
         self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
                                 result.dropped, out.chunk.latency_s)
         for done in result.finished:
-            if done.dropped:
-                continue  # evicted by drop_oldest before finishing: counted, not published
+            if done.dropped or done.cancelled:
+                continue  # evicted by drop_oldest or cancelled (an ask goal) before finishing: not published
             msg = language_output(done)
             self._language_pub.publish(msg)
             stream_pub = self._stream_pubs.get(msg.stream)
             if stream_pub is not None:
                 stream_pub.publish(msg)
             self.stats.record_language(done.text or "", msg.stream)
+        if self._ask is not None:
+            self._ask.on_frame(result)
 
     def _publish_actions(self, chunk: ChunkOutput) -> None:
         """Publish the chunk's executable actions (called before any language work of the frame)."""
         p, names = self.params, self._loaded.action_names
         dt = 1.0 / (p.action_rate_hz or chunk.actions.shape[0] * p.control_rate_hz)
         self._action_pub.publish(make_action_chunk(chunk.actions, chunk.stamp_ns, chunk.frame_index, names, dt,
-                                                   chunk.latency_s))
+                                                   chunk.latency_s, subtask=chunk.subtask))
         if self._trajectory_pub is not None:
             trajectory = make_trajectory(chunk.actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds)
             if trajectory is None:
@@ -429,6 +445,8 @@ class OxygenNode(LifecycleNode):
         if p is not None and p.speculate and runner is not None:
             rate = runner.engine.acceptance_rate
             extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"
+        if self._ask is not None:
+            extra.update(self._ask.diagnostics())
         store = self._store
         if store is not None:
             extra["instruction"] = (store.instruction or "")[:200]

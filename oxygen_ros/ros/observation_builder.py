@@ -449,8 +449,9 @@ class ObservationBuilder:
             errors = [one(chosen[i]) for i in pending]
         return [(i, chosen[i], e) for i, e in zip(pending, errors, strict=True) if e is not None]
 
-    def build(self, now_ns: int) -> BuiltObservation | Skip:
-        """The observation for a tick at node time ``now_ns``, or why the tick is skipped."""
+    def build(self, now_ns: int, subtask: Callable[[str], str] | None = None) -> BuiltObservation | Skip:
+        """The observation for a tick at node time ``now_ns``, or why the tick is skipped. ``subtask(instruction)``
+        gives the subtask to condition the action prompt on (subtask conditioning; '' or None: none)."""
         images, positions, seen, instruction = self.store.snapshot()
         chosen = self._select_images(now_ns)  # synchronised, not decoded yet
         if isinstance(chosen, Skip):
@@ -474,7 +475,8 @@ class ObservationBuilder:
         if isinstance(images, Skip):
             return images
         names = self.store.camera_names
-        raw = RawObservation({n: im.rgb for n, im in zip(names, images, strict=True)}, positions, instruction)
+        raw = RawObservation({n: im.rgb for n, im in zip(names, images, strict=True)}, positions, instruction,
+                             subtask(instruction) if subtask is not None else "")
         converted = {n: im.pixels(self.policy.convert_image) for n, im in zip(names, images, strict=True)}
         try:
             prepared = self.policy.prepare(raw, converted)

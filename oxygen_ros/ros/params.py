@@ -25,7 +25,9 @@ __all__ = [
     "DEFAULT_CAMERA_TOPIC",
     "NORMALIZATIONS",
     "PARAMS",
+    "PARAM_GROUPS",
     "PARAM_NAMES",
+    "RESERVED_STREAM_NAMES",
     "STREAM_NAME_RE",
     "STREAM_PARAMS",
     "NodeParams",
@@ -57,10 +59,11 @@ class ParamError(ValueError):
 
 
 def param(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
-          positive: bool = False) -> Any:
-    """A :class:`NodeParams` field: default, help text and the checks :func:`validate` applies to it alone."""
+          positive: bool = False, ros_name: str | None = None) -> Any:
+    """A :class:`NodeParams` field: default, help text and the checks :func:`validate` applies to it alone.
+    ``ros_name``: the parameter's name when it is not the field's (a group's ``<group>.<name>``, e.g. ``ask.*``)."""
     return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
-                                            "positive": positive})
+                                            "positive": positive, "ros_name": ros_name})
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class ParamSpec:
     choices: tuple[str, ...] | None = None
     minimum: float | None = None
     positive: bool = False
+    attr: str = ""  # the NodeParams field ('' = name)
 
     @property
     def type_name(self) -> str:
@@ -109,7 +113,11 @@ class StreamParams:
     max_new_tokens: int = param(0, 'Tokens per request; 0 = max_new_tokens (and at most it).', minimum=0)
     priority: int = param(0,
         'Streams due on the same frame are admitted highest first (a full pool with reject_newest refuses the '
-        'lowest).')
+        "lowest); with k_auto the frame's spare decode time goes to higher priorities first (every request "
+        'still advances each frame).')
+    adapter: str = param('',
+        "PEFT LoRA directory (suffix-only, language rows) this stream's requests decode with; '' = none. Rows "
+        'of different adapters share one batched forward.')
 
 
 @dataclass(frozen=True)
@@ -177,6 +185,9 @@ class NodeParams:
         ' prompt (required for custom).')
     max_prompt_tokens: int = param(16, 'Longest request prompt in tokens (longer prompts are cut).', minimum=1)
     max_inflight: int = param(32, 'Bound on unfinished language requests (KV slots).', minimum=1)
+    subtask_conditioning: str = param('',
+        "Name of a language stream (normally task subtask) whose latest finished output enters the action "
+        "prompt of later frames (pi0.5 two-stage form: '...;\\nSubtask: <text>;\\nAction: '); '' = off.")
     speculate: int = param(0,
         "d: exact speculative decoding, up to d draft tokens per request and decode forward from its stream's "
         'last finished output (outputs identical to plain decoding); 0 = off.', minimum=0)
@@ -229,6 +240,30 @@ class NodeParams:
     publish_trajectory: bool = param(False,
         'Also publish each chunk as trajectory_msgs/JointTrajectory on ~/trajectory (remap to '
         '/<controller>/joint_trajectory).')
+    # --- questions: the ~/ask action (oxygen_ros/action/Ask), answered like a language stream named "ask"
+    ask_enabled: bool = param(True,
+        'Serve the ~/ask action: a question answered from the current observation, decoded batched with the '
+        'language streams; feedback every frame, the answer also on ~/language_output (stream ask).',
+        ros_name='ask.enabled')
+    ask_max_new_tokens: int = param(0,
+        'Tokens of an answer whose goal asks for 0; 0 = max_new_tokens. A goal asking for more than '
+        'max_new_tokens is aborted.', minimum=0, ros_name='ask.max_new_tokens')
+    ask_max_pending: int = param(4,
+        'Goals in progress (queued or decoding) at most; more are rejected. An answer needs a free KV slot '
+        '(max_inflight) when its frame comes, else it is aborted (pool full).', minimum=1,
+        ros_name='ask.max_pending')
+    ask_max_question_chars: int = param(1000,
+        'Goals with a longer question or prompt are rejected. The question template must also fit '
+        'ask.max_prompt_tokens, else the goal is aborted (prompt too long).', minimum=1,
+        ros_name='ask.max_question_chars')
+    ask_max_prompt_tokens: int = param(48,
+        'Longest question prompt in tokens ("Question: <question>\\nAnswer: "); with ask.enabled the KV pool is '
+        'sized for max(max_prompt_tokens, this). Longer questions are aborted with the reason.', minimum=1,
+        ros_name='ask.max_prompt_tokens')
+    ask_priority: int = param(10,
+        'Admission priority of a question among the stream requests due on the same frame (streams: their '
+        '<name>.priority, 0 by default; ties: streams first); with k_auto its rows get spare decode steps first.',
+        ros_name='ask.priority')
     extra: dict = field(default_factory=dict, compare=False)  # overrides that are not parameters
     streams: tuple[StreamParams, ...] = field(default=(), compare=False)  # resolved language streams
 
@@ -260,11 +295,13 @@ class NodeParams:
 
 _DERIVED = ("extra", "streams")  # NodeParams fields that are not parameters
 PARAMS: tuple[ParamSpec, ...] = tuple(
-    ParamSpec(f.name, _KINDS[str(f.type)], f.default, f.metadata["help"], f.metadata["choices"],
-              f.metadata["minimum"], f.metadata["positive"])
+    ParamSpec(f.metadata["ros_name"] or f.name, _KINDS[str(f.type)], f.default, f.metadata["help"],
+              f.metadata["choices"], f.metadata["minimum"], f.metadata["positive"], attr=f.name)
     for f in dataclasses.fields(NodeParams) if f.name not in _DERIVED)
 _SPECS = {p.name: p for p in PARAMS}
 PARAM_NAMES = frozenset(_SPECS)
+PARAM_GROUPS = frozenset(n.split(".", 1)[0] for n in PARAM_NAMES if "." in n)  # ask: ask.<field>
+RESERVED_STREAM_NAMES = PARAM_NAMES | PARAM_GROUPS  # a stream's <name>.<field> would clash with them
 STREAM_PARAMS: tuple[ParamSpec, ...] = tuple(
     ParamSpec(f.name, _KINDS[str(f.type)], f.default, f.metadata["help"], f.metadata["choices"],
               f.metadata["minimum"], f.metadata["positive"])
@@ -299,9 +336,9 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
         problems.append(f"language_streams: duplicates in {list(names)}")
     streams = []
     for name in names:
-        if not STREAM_NAME_RE.match(name) or name in _SPECS:
+        if not STREAM_NAME_RE.match(name) or name in RESERVED_STREAM_NAMES:
             problems.append(f"language_streams: {name!r} is not a valid stream name (letters, digits, _; not a "
-                            "parameter name)")
+                            f"parameter name nor one of {sorted(PARAM_GROUPS)})")
             continue
         got: dict[str, Any] = {}
         for spec in STREAM_PARAMS:
@@ -325,6 +362,9 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
             problems.append(f"{name}.max_new_tokens: {s.max_new_tokens} > max_new_tokens={p['max_new_tokens']} "
                             "(the KV pool is sized for max_new_tokens)")
         streams.append(s)
+    conditioned = p.get("subtask_conditioning", "")
+    if conditioned and conditioned not in names:
+        problems.append(f"subtask_conditioning: {conditioned!r} is not one of language_streams {list(names)}")
     return tuple(streams), problems
 
 
@@ -411,6 +451,9 @@ def _cross_problems(p: Mapping[str, Any]) -> list[str]:
     if p["action_names"] and len(p["delta_action_mask"]) > len(p["action_names"]):
         problems.append(f"delta_action_mask: {len(p['delta_action_mask'])} flags for {len(p['action_names'])} "
                         "action_names")
+    if p["ask_max_new_tokens"] > p["max_new_tokens"]:
+        problems.append(f"ask.max_new_tokens: {p['ask_max_new_tokens']} > max_new_tokens={p['max_new_tokens']} "
+                        "(the KV pool is sized for max_new_tokens)")
     deltas = [i for i, d in enumerate(p["delta_action_mask"]) if d]
     if deltas and max(deltas) >= len(p["joint_names"]):
         problems.append("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")
@@ -425,14 +468,15 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     """
     problems: list[str] = []
     out: dict[str, Any] = {}
-    for spec in PARAMS:
-        value, problem = _coerce(spec, values.get(spec.name, spec.default))
+    for spec in PARAMS:  # a group's <group>.<field>: ROS's flat name or a YAML file's nested mapping
+        raw = _stream_value(values, *spec.name.split(".", 1)) if "." in spec.name else values.get(spec.name, _MISSING)
+        value, problem = _coerce(spec, spec.default if raw is _MISSING else raw)
         if problem is None:
             problem = _field_problem(spec, value)
         if problem:
             problems.append(problem)
             value = spec.default
-        out[spec.name] = value
+        out[spec.attr or spec.name] = value
     problems += _cross_problems(out)
     streams, stream_problems = _streams(values, out) if not problems else ((), [])
     problems += stream_problems
@@ -440,6 +484,7 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
         raise ParamError(problems)
     consumed = set(_SPECS) | {n for s in streams if s.name in out["language_streams"]
                               for n in (s.name, *stream_param_names(s.name))}
+    consumed |= {g for g in PARAM_GROUPS if isinstance(values.get(g), Mapping)}  # a YAML file's nested group
     extra = {k: v for k, v in values.items() if k not in consumed}
     return NodeParams(**out, extra=extra, streams=streams)
 

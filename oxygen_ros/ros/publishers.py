@@ -16,8 +16,9 @@ from .stamps import NS_PER_S, duration_msg, time_msg
 __all__ = ["duration_msg", "language_output", "make_action_chunk", "make_trajectory", "time_msg"]
 
 def make_action_chunk(actions: np.ndarray, stamp_ns: int, frame_index: int, names: Sequence[str], dt_s: float,
-                      latency_s: float, frame_id: str = "") -> ActionChunk:
-    """ActionChunk for robot-unit ``actions`` [H, D] (row-major), stamped with the observation time."""
+                      latency_s: float, frame_id: str = "", subtask: str = "") -> ActionChunk:
+    """ActionChunk for robot-unit ``actions`` [H, D] (row-major), stamped with the observation time;
+    ``subtask``: the subtask its action prompt was conditioned on ('' = none)."""
     h, d = actions.shape
     msg = ActionChunk()
     msg.header.stamp = time_msg(stamp_ns)
@@ -28,6 +29,7 @@ def make_action_chunk(actions: np.ndarray, stamp_ns: int, frame_index: int, name
     msg.actions = array.array("f", np.ascontiguousarray(actions, dtype=np.float32).tobytes())
     msg.dt = duration_msg(dt_s)
     msg.inference_latency = duration_msg(latency_s)
+    msg.subtask = subtask
     return msg
 
 
