@@ -20,7 +20,7 @@ from oxygen_ros.evaluation import cli, typestore  # noqa: E402
 from oxygen_ros.evaluation.demo_bag import make_demo_bag  # noqa: E402
 from oxygen_ros.evaluation.outputs import ACTION_TOPIC, LANGUAGE_TOPIC  # noqa: E402
 from oxygen_ros.evaluation.plots import PLOT_FILES  # noqa: E402
-from oxygen_ros.evaluation.report import REPORT_KEYS  # noqa: E402
+from oxygen_ros.evaluation.report import REPORT_KEYS, exact_match  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE  # noqa: E402
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
@@ -156,6 +156,18 @@ def test_language_streams_are_reported_per_stream(data: dict[str, Path]) -> None
     assert starts["narration"][:4] == [0, 5, 10, 15], "every 0.45 s of bag time (frames 0.1 s apart)"
     assert r["config"]["language_streams"][1]["period_s"] == 0.45
     assert sum(v["finished"] for v in per.values()) == r["requests"]["finished"]
+
+    # the same streams through the isolated engine, compared per stream with the oxygen run: identical texts
+    iso = evaluate_bag(data["bag"], data["root"] / "streams_eval_isolated", params(
+        data, mode="isolated", language_streams=["memory", "narration"],
+        **{"memory.every_n_frames": 2, "narration.period_s": 0.45}), plots=False, progress=False, reference=r)
+    match = iso["requests"]["exact_match"]
+    assert set(match) == {"memory", "narration"}
+    for stream, m in match.items():
+        assert m["matched"] == per[stream]["finished"] > 0 and m["exact_match"] == 1.0, (stream, m)
+    tampered = {"requests": {"items": [{**x, "text": x["text"] + " x"} if x["stream"] == "memory" else x
+                                       for x in r["requests"]["items"]]}}
+    assert exact_match(iso["requests"]["items"], tampered["requests"]["items"])["memory"]["exact_match"] == 0.0
 
 
 def test_stale_camera_and_compressed_mcap(data: dict[str, Path]) -> None:

@@ -93,6 +93,8 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--joint-states-topic", default="/joint_states", help="the bag's JointState topic")
     p.add_argument("--instruction-topic", default="/instruction", help="the bag's instruction topic")
     p.add_argument("--node-name", default=NODE_NAME, help="whose sections of the params files to read")
+    p.add_argument("--reference", type=Path, metavar="REPORT",
+                   help="report.json of another run (e.g. --param mode:=isolated): per-stream exact match of texts")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing out_bag")
@@ -108,6 +110,9 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
     print(f"{report['frames']}/{report['ticks']} frames ({report['skipped']} skipped {report['skip_reasons']}), "
           f"action {fmt(s['action_hz'], '.1f')} Hz, {fmt(s['tokens_per_s'], '.1f')} tokens/s, "
           f"{r['finished']} language outputs (p50 {fmt(r['latency_frames']['p50'], '.0f')} frames)")
+    for stream, m in r.get("exact_match", {}).items():
+        print(f"  {stream}: exact match {fmt(m['exact_match'], '.1%')} of {m['matched']} matched requests "
+              f"({m['finished']} finished)")
     print(f"digest {report['digest']['sha256']}")
     print(f"wrote {out / 'report.json'}, {len(report['outputs']['plots'])} plots, {out / 'out_bag'}")
 
@@ -130,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = evaluate_bag(args.bag, args.out, params, max_frames=args.max_frames, storage=args.storage,
                               plots=not args.no_plots, progress=False if args.no_progress else None,
                               overwrite=args.overwrite, joint_states_topic=args.joint_states_topic,
-                              instruction_topic=args.instruction_topic)
+                              instruction_topic=args.instruction_topic, reference=args.reference)
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad parameters, bag or output directory
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ from oxygen_ros.engine.requests import FinishedRequest
 
 from .outputs import ACTION_TOPIC, LANGUAGE_TOPIC
 
-__all__ = ["REPORT_KEYS", "STAGES", "RunLog", "build_report", "percentiles"]
+__all__ = ["REPORT_KEYS", "STAGES", "RunLog", "build_report", "exact_match", "percentiles"]
 
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager")
 REPORT_KEYS = ("version", "inputs", "config", "model", "ticks", "frames", "skipped", "skip_reasons",
@@ -87,6 +87,21 @@ def _requests(log: RunLog, totals: Mapping[str, int], backlog: int) -> dict[str,
                            for stream in sorted({r["stream"] for r in done})
                            for rs in [[r for r in done if r["stream"] == stream]]},
             "items": log.requests}
+
+
+def exact_match(items: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Per stream: how many of this run's finished requests a reference run (another engine mode, or a labelled
+    run) also finished from the same observation (``stream`` + ``stamp_ns``), and how many texts equal it
+    (stripped). ``items`` / ``reference``: ``report["requests"]["items"]`` of each."""
+    ref = {(r["stream"], r["stamp_ns"]): r["text"].strip() for r in reference if not r["dropped"]}
+    out: dict[str, Any] = {}
+    for stream in sorted({r["stream"] for r in items}):
+        mine = [r for r in items if r["stream"] == stream and not r["dropped"]]
+        pairs = [(r["text"].strip(), ref[(stream, r["stamp_ns"])]) for r in mine if (stream, r["stamp_ns"]) in ref]
+        same = sum(a == b for a, b in pairs)
+        out[stream] = {"finished": len(mine), "matched": len(pairs), "exact": same,
+                       "exact_match": same / len(pairs) if pairs else None}
+    return out
 
 
 def build_report(*, log: RunLog, inputs: dict[str, Any], config: dict[str, Any], model: dict[str, Any],

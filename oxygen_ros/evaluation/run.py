@@ -53,7 +53,7 @@ from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, NodeParams, validate
 
 from .outputs import OutputBag, prepare_out_bag
 from .plots import write_plots
-from .report import STAGES, RunLog, build_report
+from .report import STAGES, RunLog, build_report, exact_match
 from .typestore import IMAGE_TYPES, STORAGES, bag_storage, oxygen_typestore
 
 __all__ = ["INSTRUCTION_TOPIC", "JOINT_STATES_TOPIC", "camera_topics", "evaluate_bag", "node_params"]
@@ -177,7 +177,7 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
         tick_ns = reader.start_time + round(tick * 1e9 / p.control_rate_hz)
         feed.until(tick_ns)
         t0 = time.perf_counter()
-        built = builder.build(tick_ns)
+        built = builder.build(tick_ns, runner.subtask)
         t_obs = time.perf_counter()
         if isinstance(built, Skip):
             log.skip(tick, tick_ns, built.reason, built.detail)
@@ -276,6 +276,7 @@ def evaluate_bag(
     overwrite: bool = False,
     joint_states_topic: str = JOINT_STATES_TOPIC,
     instruction_topic: str = INSTRUCTION_TOPIC,
+    reference: str | Path | Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Run the node's pipeline over ``bag`` on a virtual clock; write report.json, plots and ``out_bag/`` to ``out``.
 
@@ -291,6 +292,9 @@ def evaluate_bag(
         plots: write the PNGs of :data:`~oxygen_ros.evaluation.plots.PLOT_FILES`.
         progress: tqdm bar (None: only on a terminal).
         joint_states_topic, instruction_topic: the bag's topics for the joint states and the instruction.
+        reference: another evaluation's report (or its path): ``requests.exact_match`` then gives, per stream, the
+            share of texts equal to the reference's from the same observation (e.g. ``oxygen`` against
+            ``isolated``: 1.0 when the unified engine changes no output).
 
     Returns:
         The report (also written to ``out/report.json``).
@@ -328,6 +332,9 @@ def evaluate_bag(
     report = build_report(log=log, inputs=inputs, config=s["config"], model=s["model"], rejected=s["rejected"],
                           engine_totals=s["engine_totals"], backlog=s["backlog"], period=loaded.params.period_s,
                           digest=digest, out=str(out))
+    if reference is not None:
+        ref = reference if isinstance(reference, Mapping) else json.loads(Path(reference).read_text())
+        report["requests"]["exact_match"] = exact_match(report["requests"]["items"], ref["requests"]["items"])
     if plots:
         report["outputs"]["plots"] = [path.name for path in write_plots(report, out)]
     report["wall_s"] = time.perf_counter() - t_start
