@@ -333,6 +333,26 @@ def test_a_full_pool_aborts_the_goal_with_the_reason_and_bad_goals_are_refused(a
 
 
 @pytest.mark.ros
+@pytest.mark.slow
+def test_the_oxygen_ask_command_prints_feedback_and_the_answer(ask_node) -> None:
+    """``oxygen-ask`` (the venv's stand-in for ``ros2 action send_goal --feedback``) in its own process."""
+    import subprocess
+    import sys
+
+    node, _, _ = ask_node
+    run = subprocess.run([sys.executable, "-m", "oxygen_ros.tools.ask", "where is the red block?",
+                          "--max-new-tokens", "8", "--timeout", "60"], env=node.env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert sum(line.startswith("  [") for line in lines) >= 1, run.stdout  # feedback while it decoded
+    assert "frames," in lines[-1] and "request" in lines[-1], run.stdout
+    bad = subprocess.run([sys.executable, "-m", "oxygen_ros.tools.ask", "x", "--max-new-tokens", "999",
+                          "--timeout", "60"], env=node.env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and "max_new_tokens" in bad.stderr, bad.stdout + bad.stderr
+
+
+@pytest.mark.ros
 def test_goals_follow_the_node_lifecycle() -> None:
     """In-process node, no camera input (every frame is skipped, so a question waits): rejected while inactive,
     aborted on deactivate, and no server after cleanup."""
