@@ -60,3 +60,25 @@ def test_every_mode_runs_with_islands(mode: str) -> None:
     assert eng.totals["tokens"] > 0
     if mode == "parallel":
         eng.close()
+
+
+def test_the_node_dtype_parameter_selects_the_islands() -> None:
+    """``dtype: bfloat16_islands`` loads the checkpoint by openpi's policy; ``auto`` picks it on CUDA only."""
+    from oxygen_ros.ros.model_loader import load_node_policy, resolve_precision
+    from oxygen_ros.ros.params import ParamError, validate
+
+    assert resolve_precision(torch.device("cuda"), "auto") == "bfloat16_islands"
+    assert resolve_precision(torch.device("cpu"), "auto") == "float32"
+    assert resolve_precision(torch.device("cuda"), "bfloat16") == "bfloat16"
+    with pytest.raises(ParamError, match="dtype"):
+        validate({"model": "random_tiny", "joint_names": ["a"], "dtype": "bfloat17"})
+    loaded = load_node_policy(validate({"model": "random_tiny", "device": "cpu", "dtype": "bfloat16_islands",
+                                        "joint_names": [f"j{i}" for i in range(8)]}))
+    try:
+        model = loaded.policy.model
+        island = {id(p) for m in float32_islands(model) for p in m.parameters()}
+        assert island and all(p.dtype == torch.float32 for p in model.parameters() if id(p) in island)
+        assert all(p.dtype == torch.bfloat16 for p in model.parameters() if id(p) not in island)
+        assert model.dtype == torch.bfloat16 and any("bfloat16_islands" in n for n in loaded.notes)
+    finally:
+        loaded.release()

@@ -23,6 +23,7 @@ from oxygen_ros.engine.checkpoint import read_config as read_oxygen_config
 from oxygen_ros.engine.config import get_config
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.observation import Observation
+from oxygen_ros.engine.precision import apply_precision
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 
 from .adapters import decode_state, encode_actions
@@ -176,8 +177,11 @@ def _sizes_sidecar(directory: Path) -> dict | None:
 
 
 def load_policy(checkpoint: str | Path, options: SpecOptions | None = None, *, dtype: torch.dtype = torch.float32,
-                device: torch.device | str = "cpu", generated: bool = False) -> Policy:
+                device: torch.device | str = "cpu", generated: bool = False, precision: str | None = None) -> Policy:
     """Read a checkpoint directory of any supported layout into a :class:`Policy`.
+
+    ``precision`` (a key of ``oxygen_ros.engine.precision.PRECISIONS``, e.g. ``bfloat16_islands``) casts the model
+    by that policy instead of wholly to ``dtype``.
 
     Raises:
         PolicyConfigError: an unusable file or option, naming the file and field (weights included).
@@ -213,7 +217,8 @@ def load_policy(checkpoint: str | Path, options: SpecOptions | None = None, *, d
     if tokenizer.vocab_size > config.vocab_size:
         raise PolicyConfigError(f"tokenizer {spec.tokenizer}: {tokenizer.vocab_size} pieces but the model has "
                                 f"only {config.vocab_size} embeddings")
-    return Policy(spec, model.to(device=device, dtype=dtype).eval(), tokenizer)
+    model = model.to(device=device, dtype=dtype) if precision is None else apply_precision(model.to(device), precision)
+    return Policy(spec, model.eval(), tokenizer)
 
 
 def with_action_dims(policy: Policy, dims: int) -> Policy:

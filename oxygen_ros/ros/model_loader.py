@@ -14,10 +14,11 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.engine.config import CAMERA_SLOTS, DTYPES
+from oxygen_ros.engine.config import CAMERA_SLOTS
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.lora import LoraAdapter
 from oxygen_ros.engine.observation import Observation
+from oxygen_ros.engine.precision import PRECISIONS
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
 from oxygen_ros.policy import Policy, SpecOptions, load_policy
@@ -49,14 +50,24 @@ class LoadedPolicy:
             self.temp_dir = None
 
 
+def resolve_precision(device: torch.device, dtype: str) -> str:
+    """The precision policy (``oxygen_ros.engine.precision.PRECISIONS``) of the ``dtype`` parameter on ``device``:
+    'auto' is openpi's on CUDA (``bfloat16_islands``, what its ``create_trained_policy`` applies even to fp32
+    checkpoints) and float32 elsewhere."""
+    if dtype == "auto":
+        return "bfloat16_islands" if device.type == "cuda" else "float32"
+    return dtype
+
+
 def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """'auto' -> cuda when available; dtype 'auto' -> bfloat16 on cuda, float32 elsewhere.
+    """'auto' -> cuda when available; the compute dtype of ``dtype`` (:func:`resolve_precision`; 'auto' ->
+    bfloat16 on cuda, float32 elsewhere).
 
     Raises:
         ValueError: an unknown dtype, or a CUDA/MPS device that is not available.
     """
-    if dtype != "auto" and dtype not in DTYPES:
-        raise ValueError(f"dtype must be auto or one of {sorted(DTYPES)}, got {dtype!r}")
+    if dtype != "auto" and dtype not in PRECISIONS:
+        raise ValueError(f"dtype must be auto or one of {sorted(PRECISIONS)}, got {dtype!r}")
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
@@ -67,9 +78,7 @@ def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
             raise ValueError(f"device: {device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
     if dev.type == "mps" and not torch.backends.mps.is_available():
         raise ValueError("device: mps requested but not available")
-    if dtype == "auto":
-        return dev, torch.bfloat16 if dev.type == "cuda" else torch.float32
-    return dev, DTYPES[dtype]
+    return dev, PRECISIONS[resolve_precision(dev, dtype)]
 
 
 def _generate_random_tiny(p: NodeParams) -> Path:
@@ -116,7 +125,8 @@ def load_node_policy(p: NodeParams) -> LoadedPolicy:
     ckpt, source, temp_dir = _checkpoint_dir(p)
     try:
         options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
-        policy = load_policy(ckpt, options, dtype=dtype, device=device, generated=temp_dir is not None)
+        policy = load_policy(ckpt, options, dtype=dtype, device=device, generated=temp_dir is not None,
+                             precision=resolve_precision(device, p.dtype))
         spec = policy.spec
         if spec.action_norm is None and spec.framework == "oxygen" and p.action_names:
             policy = with_action_dims(policy, len(p.action_names))  # unnormalised: the robot says its dims
@@ -126,6 +136,10 @@ def load_node_policy(p: NodeParams) -> LoadedPolicy:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         raise
+    precision = resolve_precision(device, p.dtype)
+    if precision == "bfloat16_islands":
+        notes.append("precision bfloat16_islands: bf16 weights and KV cache, norms, adaRMS dense, SigLIP embeddings, "
+                     "action and time projections in float32 (openpi's)")
     return LoadedPolicy(policy, p, names, source, [spec.summary(), *spec.notes, *notes], temp_dir)
 
 

@@ -42,7 +42,7 @@ __all__ = [
 NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
 EMBEDDED_MODELS = ("toy", "random_tiny")
 RELIABILITIES = ("best_effort", "reliable")
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "bfloat16_islands", "float16")
 REQUEST_TASKS = (*LANGUAGE_TEMPLATES, CUSTOM_TASK)
 DEFAULT_CAMERA_TOPIC = "/cameras/{name}/image_raw"
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
@@ -149,7 +149,9 @@ class NodeParams:
         '(override, openpi / ours only).', choices=NORMALIZATIONS)
     device: str = param('auto', 'auto (cuda if available) | cpu | cuda | cuda:N | mps.')
     dtype: str = param('auto',
-        'auto (bfloat16 on cuda, float32 otherwise) | float32 | bfloat16 | float16.', choices=DTYPES)
+        "auto (bfloat16_islands on cuda, float32 otherwise) | float32 | bfloat16 | bfloat16_islands (openpi's "
+        'mixed precision: bf16 weights and KV, norms / adaRMS dense / SigLIP embeddings / action and time '
+        'projections in fp32) | float16.', choices=DTYPES)
     torch_threads: int = param(0, "torch CPU threads; 0 keeps torch's default.", minimum=0)
     seed: int = param(0, 'torch seed for the flow-matching noise (reproducible runs).', minimum=0)
     # --- engine
