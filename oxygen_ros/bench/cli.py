@@ -7,11 +7,17 @@ interleaved round-robin (after each point's warm-up), so ratios are measured sid
 (the ``parallel`` baseline runs on its own afterwards: its worker thread's OpenMP team keeps spinning after a frame).
 Stage costs (prefill, denoise, decode step per batch size) are profiled in the same run and used to predict
 each engine's frame time from the work it must do.
+
+    oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
+
+runs the multi-stream language workload (questions, memory, narration at their own cadences) on oxygen,
+isolated and shared_kv side by side (``bench/streams.py``; ``oxygen-bench streams --help``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -64,7 +70,14 @@ def plot_results(result: dict, out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``oxygen-bench``: build the benchmark model, measure the engines side by side, write JSON, table, plots."""
+    """``oxygen-bench``: build the benchmark model, measure the engines side by side, write JSON, table, plots.
+    ``oxygen-bench streams ...``: the multi-stream workload (``bench/streams.py``)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["streams"]:
+        from oxygen_ros.bench.streams import main as streams_main
+
+        streams_main(argv[1:])
+        return
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
