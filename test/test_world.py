@@ -70,7 +70,7 @@ def test_subtask_names_the_goal() -> None:
     world = TabletopWorld()
     world.reset(5)
     s = world.state
-    x, y = np.round(s.block_xy[s.target_block] * 100).astype(int)
+    x, y = ((np.floor(s.block_xy[s.target_block] * 4) + 0.5) * 25 + 0.5).astype(int)  # its grid cell's centre
     assert expert_subtask(world) == f"pick up the {s.block_colors[s.target_block]} block at {x} {y}"
     run_expert(world, 5)
     assert expert_subtask(world) == "done"

@@ -11,7 +11,8 @@ palettes, so every scene holds a red and a green block, a blue and a yellow plat
 free layouts and colour clashes, a harder world than the toy model is trained for).
 
 Everything is a pure function of the seed and the actions, so a ROS node can wrap it: ``reset(seed)``,
-``observation()`` (camera images + joint state), ``step(chunk)``, ``instruction``, ``success``, ``memory_text()``.
+``observation()`` (camera images + joint state), ``step(chunk)``, ``instruction``, ``success``, ``memory_text()``;
+narration and answers to questions are functions of the world in :mod:`.language`.
 """
 
 from __future__ import annotations
