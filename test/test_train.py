@@ -104,7 +104,7 @@ def test_loss_decreases_on_a_fixed_batch(demos, tok) -> None:
     for step in range(25):
         gen = torch.Generator().manual_seed(step % 2)  # two fixed noise draws, so the loss is comparable
         parts = training_losses(model, batch, num_noise=2, gen=gen, object_head=head)
-        assert set(parts) == {"action", "memory", "subtask", "objects"}
+        assert set(parts) == {"action", "memory", "subtask", "narration", "answer", "objects"}
         loss = sum(parts.values())
         opt.zero_grad()
         loss.backward()

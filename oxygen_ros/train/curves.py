@@ -16,7 +16,9 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 __all__ = ["plot_training"]
 
-LOSSES = ("action", "objects", "memory", "subtask")
+LOSSES = ("action", "objects", "memory", "subtask", "narration", "answer")
+EXACT = (("val_memory_exact", "tab:green", "memory"), ("val_subtask_exact", "tab:purple", "subtask"),
+         ("val_narration_exact", "tab:orange", "narration"), ("val_answer_exact", "tab:brown", "answer"))
 
 
 def plot_training(log: dict, out: Path) -> Path:
@@ -38,8 +40,10 @@ def plot_training(log: dict, out: Path) -> Path:
     ax_val.set(xlabel="step", ylabel="x-y error", title="held-out open-loop validation")
     ax_acc = ax_val.twinx()
     for key, color, label in (("val_gripper_agree", "tab:blue", "gripper agreement"),
-                              ("val_memory_exact", "tab:green", "memory exact match")):
-        ax_acc.plot(steps, [val[s][key] for s in steps], "s--", color=color, ms=3, label=label)
+                              *((k, c, f"{n} exact match") for k, c, n in EXACT)):
+        points = [(s, val[s][key]) for s in steps if key in val[s]]
+        if points:
+            ax_acc.plot(*zip(*points, strict=True), "s--", color=color, ms=3, label=label)
     ax_acc.set(ylabel="fraction", ylim=(0, 1.05))
     lines = ax_val.get_legend_handles_labels()[0] + ax_acc.get_legend_handles_labels()[0]
     labels = ax_val.get_legend_handles_labels()[1] + ax_acc.get_legend_handles_labels()[1]

@@ -1,19 +1,30 @@
 """Closed-loop evaluation of a trained model in the tabletop world, driven by the inference engine.
 
     python -m oxygen_ros.train.evaluate --model oxygen_ros/models/toy --episodes 100 --mode oxygen [--out runs/eval_toy]
+        [--subtask off|on|both]
 
 Every control frame: the world's raw observation -> the policy layer's frame runner (the checkpoint's own
-pre-processing, engine.step with a "memory" language request, post-processing to world units; the same runner the
-ROS node and the bag evaluation use) -> the chunk is executed in the world. Reports the success rate, the exact
-match of every generated memory against the world's ground truth at the request's originating frame, the action
-frequency and the language throughput; writes ``eval_<mode>.json`` and ``filmstrip_<mode>.png`` (one episode with
-its memory texts). Evaluation seeds start at 1,000,000, disjoint from the training demonstrations (seeds 0 ..
-episodes - 1).
+pre-processing, engine.step with the frame's language requests, post-processing to world units; the same runner the
+ROS node and the bag evaluation use) -> the chunk is executed in the world. Each frame starts one request of every
+language task (:data:`LANGUAGE_TASKS`): "memory", "subtask" and "narration" streams of the runner and one question
+(task "answer", ``PromptTokenizer.tokenize_question``, drawn from :func:`oxygen_ros.world.sample_questions`) added to
+the frame's requests. Every finished text is scored by exact match against the world's truth at the frame its
+request started from.
+
+Subtask conditioning (``--subtask on``, staged inference): the latest finished subtask text (the one started last)
+goes into the action prompt of the following frames (``"...;\nSubtask: {subtask};\nAction: "``); until the first
+one finishes the prompt is the unconditioned one. ``off`` keeps upstream's prompt throughout.
+
+Reports the success rate, the exact match per task, the action frequency and the language throughput; writes
+``eval_<mode>.json`` (off) / ``eval_<mode>_subtask.json`` (on) and their ``filmstrip_*.png`` (one episode with its
+memory texts). Evaluation seeds start at 1,000,000, disjoint from the training demonstrations (seeds 0 .. episodes -
+1).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import time
@@ -25,23 +36,28 @@ import torch
 
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.modes import ENGINE_MODES
-from oxygen_ros.engine.requests import FinishedRequest, FrameResult
+from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
 from oxygen_ros.models import TOY_MODEL_DIR
-from oxygen_ros.policy import PreparedObservation, RawObservation, load_policy
+from oxygen_ros.policy import Policy, PreparedObservation, RawObservation, load_policy
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation
+from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation, expert_subtask
+from oxygen_ros.world.language import narration_text, sample_questions
 
 from .filmstrip import FilmFrame, save_filmstrip
 from .policy import episode_noise
 
-__all__ = ["EVAL_FIRST_SEED", "ClosedLoop", "EpisodeResult", "actions_digest", "evaluate"]
+__all__ = ["EVAL_FIRST_SEED", "LANGUAGE_TASKS", "ClosedLoop", "EpisodeResult", "actions_digest", "evaluate",
+           "prepare_with_subtask"]
 
 EVAL_FIRST_SEED = 1_000_000
+LANGUAGE_TASKS: tuple[str, ...] = ("memory", "subtask", "narration", "answer")
+ANSWER = "answer"
+MAX_MISMATCHES = 8  # per episode, kept in the JSON for inspection
 
 
 @dataclass
 class EpisodeResult:
-    """One episode: outcome, length, memory matches and (optionally) the executed chunks and film frames."""
+    """One episode: outcome, length, language matches per task and (optionally) the executed chunks and film."""
 
     seed: int
     instruction: str
@@ -50,27 +66,79 @@ class EpisodeResult:
     frames: int
     memory_total: int = 0
     memory_exact: int = 0
+    total: dict[str, int] = field(default_factory=dict)  # task -> finished requests
+    exact: dict[str, int] = field(default_factory=dict)  # task -> exact matches
+    conditioned_frames: int = 0  # frames whose action prompt held a subtask
+    mismatches: list[dict] = field(default_factory=list)  # the first MAX_MISMATCHES wrong texts
     chunks: list[np.ndarray] = field(default_factory=list, repr=False)
     film: list[FilmFrame] = field(default_factory=list, repr=False)
 
 
-class ClosedLoop:
-    """A model directory (checkpoint, tokenizer, norm stats) run by the policy layer's frame runner in the world."""
+def prepare_with_subtask(policy: Policy, raw: RawObservation, subtask: str | None) -> PreparedObservation:
+    """``policy.prepare(raw)`` with the action prompt conditioned on ``subtask`` (None or '': unchanged)."""
+    prepared = policy.prepare(raw)
+    if not subtask:
+        return prepared
+    tok, spec = policy.tokenizer, policy.spec
+    prompt = tok.tokenize_action_prompt(raw.task, prepared.normalized_state, clip_state=spec.clip_state,
+                                        keep_state=policy.keep_state_in_prompt, subtask=subtask)
+    n = prompt.num_tokens
+    obs = dataclasses.replace(prepared.observation, tokens=torch.from_numpy(prompt.ids[:n].copy())[None],
+                              token_mask=torch.from_numpy(prompt.mask[:n].copy())[None])
+    return dataclasses.replace(prepared, observation=obs, prompt_tokens=n, prompt_truncated=prompt.truncated,
+                               instruction_cut=prompt.instruction_cut)
 
-    def __init__(self, model_dir: Path, mode: str = "oxygen", k: int = 5, max_new_tokens: int = 16,
-                 num_steps: int | None = None, max_steps: int = WorldConfig.max_steps) -> None:
+
+class _WithExtraRequests:
+    """An engine whose next ``step`` also starts ``pending`` requests (the frame's question); else the engine."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self.pending: list[LanguageRequest] = []
+
+    def step(self, frame: Frame, *args, **kwargs) -> FrameResult:
+        if self.pending:
+            frame = dataclasses.replace(frame, requests=[*frame.requests, *self.pending])
+            self.pending = []
+        return self._engine.step(frame, *args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self._engine, name)
+
+
+class ClosedLoop:
+    """A model directory (checkpoint, tokenizer, norm stats) run by the policy layer's frame runner in the world.
+
+    ``tasks``: the language tasks each frame starts (subset of :data:`LANGUAGE_TASKS`); ``condition``: subtask
+    conditioning of the action prompt (needs the "subtask" task)."""
+
+    def __init__(self, model_dir: Path, mode: str = "oxygen", k: int = 5, max_new_tokens: int = 24,
+                 num_steps: int | None = None, max_steps: int = WorldConfig.max_steps,
+                 tasks: tuple[str, ...] = LANGUAGE_TASKS, condition: bool = False, question_seed: int = 0) -> None:
+        unknown = set(tasks) - set(LANGUAGE_TASKS)
+        if unknown:
+            raise ValueError(f"unknown language tasks {sorted(unknown)}; known: {LANGUAGE_TASKS}")
+        if condition and "subtask" not in tasks:
+            raise ValueError("subtask conditioning needs the 'subtask' task")
         self.policy = load_policy(model_dir)
         self.model = self.policy.model
         cfg, tok = self.model.config, self.policy.tokenizer
+        self.tasks, self.condition, self.question_seed = tuple(tasks), condition, question_seed
         self.max_new_tokens = max_new_tokens
         engine_cfg = EngineConfig(mode=mode, k=k, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
-                                  num_steps=num_steps or cfg.num_steps)
+                                  max_prompt_tokens=32, num_steps=num_steps or cfg.num_steps)
+        self._injector: _WithExtraRequests | None = None
 
         def factory() -> Engine:
-            return build_engine(self.model, engine_cfg, detokenize=tok.decode)
+            engine = build_engine(self.model, engine_cfg, detokenize=tok.decode)
+            if ANSWER in self.tasks:
+                self._injector = _WithExtraRequests(engine)
+                return self._injector  # type: ignore[return-value]
+            return engine
 
         self._seed, self._frame = 0, 0  # noise is fixed by (episode seed, frame in the episode)
-        self.runner = FrameRunner(self.policy, factory, LanguageSchedule(1, "memory", "", max_new_tokens, 32),
+        streams = [LanguageSchedule(1, t, "", max_new_tokens, 32) for t in self.tasks if t != ANSWER]
+        self.runner = FrameRunner(self.policy, factory, streams,
                                   noise=lambda _i, h, a: episode_noise(self._seed, self._frame, h, a))
         self.engine = self.runner.engine
         self.world = TabletopWorld(WorldConfig(image_size=cfg.vision.image_size, max_steps=max_steps))
@@ -91,25 +159,51 @@ class ClosedLoop:
         self._last = res
         return out
 
+    def _truth(self, world: TabletopWorld, question: tuple[str, str] | None) -> dict[str, str]:
+        t = {"memory": world.memory_text(), "subtask": expert_subtask(world), "narration": narration_text(world)}
+        if question is not None:
+            t[ANSWER] = question[1]
+        return t
+
     def run_episode(self, seed: int, record: bool = False) -> EpisodeResult:
         """One episode: replan every chunk until success or the step limit, plus one frame after the end (its
-        memory describes the final scene), then finish in-flight language requests."""
+        language describes the final scene), then finish in-flight language requests."""
         world = self.world
         obs = world.reset(seed)
         self._seed = seed
-        truth: dict[int, str] = {}
+        tok = self.policy.tokenizer
+        truth: dict[int, dict[str, str]] = {}
+        questions: dict[int, str] = {}
         film: dict[int, FilmFrame] = {}
         finished: list[FinishedRequest] = []
         result = EpisodeResult(seed, world.instruction, False, 0, 0)
+        subtask, subtask_frame = "", -1  # the latest finished subtask text (by originating frame)
+
+        def collect(done: list[FinishedRequest]) -> None:
+            nonlocal subtask, subtask_frame
+            finished.extend(done)
+            for f in done:
+                if f.task == "subtask" and not f.dropped and f.text is not None and f.frame_index > subtask_frame:
+                    subtask, subtask_frame = f.text.strip(), f.frame_index
+
         while True:
             self._frame = result.frames
             ending = world.done
-            out = self._step(self.raw(obs))
-            finished += out.result.finished
+            question = None
+            if ANSWER in self.tasks and self._injector is not None:
+                question = sample_questions(world, np.random.default_rng([seed, result.frames, self.question_seed]))[0]
+                self._injector.pending = [LanguageRequest(ANSWER, self.max_new_tokens,
+                                                          tok.tokenize_question(question[0]), stream=ANSWER)]
+            cond = subtask if self.condition else ""
+            result.conditioned_frames += int(bool(cond))
+            out = self._step(prepare_with_subtask(self.policy, self.raw(obs), cond))
             index = out.result.frame_index
-            truth[index] = world.memory_text()
+            truth[index] = self._truth(world, question)
+            if question is not None:
+                questions[index] = question[0]
+            collect(out.result.finished)
             if record:
-                film[index] = FilmFrame(world.steps, [obs.images[c] for c in CAMERAS], truth[index])
+                film[index] = FilmFrame(world.steps, [obs.images[c] for c in CAMERAS], truth[index]["memory"])
             result.frames += 1
             if ending:
                 break
@@ -118,33 +212,49 @@ class ClosedLoop:
             world.step(out.chunk.actions)
             obs = world.observation()
         while self.runner.backlog:
-            finished += self._step(out.prepared, language=False).result.finished
+            collect(self._step(out.prepared, language=False).result.finished)
         result.success, result.steps = world.success, world.steps
         for f in finished:
-            result.memory_total += 1
-            result.memory_exact += int(not f.dropped and f.text == truth[f.frame_index])
-            if f.frame_index in film:
+            task = f.task
+            want = truth[f.frame_index].get(task)
+            ok = not f.dropped and f.text == want
+            result.total[task] = result.total.get(task, 0) + 1
+            result.exact[task] = result.exact.get(task, 0) + int(ok)
+            if not ok and len(result.mismatches) < MAX_MISMATCHES:
+                miss = {"task": task, "frame": f.frame_index - min(truth), "pred": f.text, "true": want}
+                if task == ANSWER:
+                    miss["question"] = questions.get(f.frame_index)
+                result.mismatches.append(miss)
+            if task == "memory" and f.frame_index in film:
                 film[f.frame_index].memory_pred = f.text
+        result.memory_total, result.memory_exact = result.total.get("memory", 0), result.exact.get("memory", 0)
         result.film = [film[i] for i in sorted(film)]
         return result
 
     def metrics(self, results: list[EpisodeResult]) -> dict:
-        """Aggregate success, memory exact match and speed over ``results``."""
-        mem_total = sum(r.memory_total for r in results)
+        """Aggregate success, exact match per language task and speed over ``results``."""
         mean_frame = float(np.mean(self.frame_s)) if self.frame_s else float("nan")
-        return {
+        out = {
             "mode": self.engine.config.mode,
+            "subtask_conditioning": self.condition,
             "episodes": len(results),
             "success_rate": float(np.mean([r.success for r in results])),
-            "memory_exact_match": sum(r.memory_exact for r in results) / max(1, mem_total),
-            "memory_requests": mem_total,
+        }
+        for task in self.tasks:
+            total = sum(r.total.get(task, 0) for r in results)
+            out[f"{task}_exact_match"] = sum(r.exact.get(task, 0) for r in results) / max(1, total)
+            out[f"{task}_requests"] = total
+        out.update({
+            "conditioned_frames": sum(r.conditioned_frames for r in results),
+            "frames": sum(r.frames for r in results),
             "mean_steps": float(np.mean([r.steps for r in results])),
             "mean_frame_ms": 1000.0 * mean_frame,
             "action_chunks_per_s": 1.0 / mean_frame,
             "actions_per_s": self.model.config.action_horizon / mean_frame,
             "language_tokens_per_s": self.tokens / self.engine_s if self.engine_s else 0.0,
             "language_tokens": self.tokens,
-        }
+        })
+        return out
 
 
 def _display_path(path: Path) -> str:
@@ -164,15 +274,17 @@ def actions_digest(chunks: list[np.ndarray]) -> str:
 
 
 def evaluate(model_dir: Path, episodes: int = 100, mode: str = "oxygen", first_seed: int = EVAL_FIRST_SEED,
-             k: int = 5, max_new_tokens: int = 16, out: Path | None = None, threads: int = 1,
-             progress: bool = True) -> dict:
-    """Run ``episodes`` seeded episodes; write JSON and the filmstrip of the first episode into ``out``."""
+             k: int = 5, max_new_tokens: int = 24, out: Path | None = None, threads: int = 1,
+             progress: bool = True, condition: bool = False, tasks: tuple[str, ...] = LANGUAGE_TASKS) -> dict:
+    """Run ``episodes`` seeded episodes; write JSON and the filmstrip of the first episode into ``out``
+    (``eval_<mode>.json``, or ``eval_<mode>_subtask.json`` with subtask ``condition``-ing)."""
     from tqdm import tqdm
 
     torch.set_num_threads(threads)
-    loop = ClosedLoop(Path(model_dir), mode, k, max_new_tokens)
+    loop = ClosedLoop(Path(model_dir), mode, k, max_new_tokens, tasks=tasks, condition=condition)
+    name = f"{mode}_subtask" if condition else mode
     results = [loop.run_episode(first_seed + i, record=i == 0)
-               for i in tqdm(range(episodes), desc=f"evaluate ({mode})", disable=not progress)]
+               for i in tqdm(range(episodes), desc=f"evaluate ({name})", disable=not progress)]
     metrics = loop.metrics(results)
     metrics["per_episode"] = [{**{k: v for k, v in asdict(r).items() if k not in ("chunks", "film")},
                                "actions_sha1": actions_digest(r.chunks)} for r in results]
@@ -180,11 +292,21 @@ def evaluate(model_dir: Path, episodes: int = 100, mode: str = "oxygen", first_s
     if out is not None:
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / f"eval_{mode}.json").write_text(json.dumps(metrics, indent=2))
+        (out / f"eval_{name}.json").write_text(json.dumps(metrics, indent=2))
         r0 = results[0]
-        title = f"{r0.instruction} (seed {r0.seed}, {'success' if r0.success else 'failure'}, {mode} engine)"
-        metrics["filmstrip"] = str(save_filmstrip(r0.film, out / f"filmstrip_{mode}.png", title))
+        title = (f"{r0.instruction} (seed {r0.seed}, {'success' if r0.success else 'failure'}, {mode} engine"
+                 f"{', subtask-conditioned' if condition else ''})")
+        metrics["filmstrip"] = str(save_filmstrip(r0.film, out / f"filmstrip_{name}.png", title))
     return metrics
+
+
+def summary_line(m: dict) -> str:
+    """One line: success, exact match per task (requests), speed."""
+    lang = ", ".join(f"{t} {m[f'{t}_exact_match']:.1%} ({m[f'{t}_requests']})" for t in LANGUAGE_TASKS
+                     if f"{t}_requests" in m)
+    return (f"{m['mode']}{' +subtask' if m['subtask_conditioning'] else ''}: success {m['success_rate']:.1%} over "
+            f"{m['episodes']} episodes; exact match {lang}; {m['action_chunks_per_s']:.1f} chunks/s "
+            f"({m['actions_per_s']:.0f} actions/s), {m['language_tokens_per_s']:.0f} tokens/s")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -195,16 +317,17 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--mode", default="oxygen", choices=ENGINE_MODES)
     ap.add_argument("--first-seed", type=int, default=EVAL_FIRST_SEED)
     ap.add_argument("--k", type=int, default=5, help="per-frame decode budget (oxygen)")
-    ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--max-new-tokens", type=int, default=24)
+    ap.add_argument("--subtask", default="both", choices=("off", "on", "both"),
+                    help="subtask conditioning of the action prompt")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/eval_toy"), help="where the JSON and PNG go")
     a = ap.parse_args(argv)
-    t0 = time.perf_counter()
-    m = evaluate(a.model, a.episodes, a.mode, a.first_seed, a.k, a.max_new_tokens, a.out, a.threads)
-    print(f"{a.mode}: success {m['success_rate']:.1%} over {m['episodes']} episodes, memory exact match "
-          f"{m['memory_exact_match']:.2%} ({m['memory_requests']} requests), {m['action_chunks_per_s']:.1f} chunks/s "
-          f"({m['actions_per_s']:.0f} actions/s), {m['language_tokens_per_s']:.0f} tokens/s "
-          f"[{time.perf_counter() - t0:.0f} s] -> {a.out}")
+    for condition in {"off": (False,), "on": (True,), "both": (False, True)}[a.subtask]:
+        t0 = time.perf_counter()
+        m = evaluate(a.model, a.episodes, a.mode, a.first_seed, a.k, a.max_new_tokens, a.out, a.threads,
+                     condition=condition)
+        print(f"{summary_line(m)} [{time.perf_counter() - t0:.0f} s] -> {a.out}")
 
 
 if __name__ == "__main__":

@@ -88,19 +88,24 @@ def images_to_model(images: np.ndarray) -> torch.Tensor:
     return pixels_to_model(images)
 
 
-def prompt_batch(tok: PromptTokenizer, instructions: list[str], norm_states: np.ndarray):
-    """Tokenised pi0.5 action prompts: int64 ids [B, L] and bool mask [B, L]."""
-    prompts = [tok.tokenize_action_prompt(i, s, clip_state=True) for i, s in zip(instructions, norm_states,
-                                                                                   strict=True)]
+def prompt_batch(tok: PromptTokenizer, instructions: list[str], norm_states: np.ndarray,
+                 subtasks: list[str | None] | None = None):
+    """Tokenised pi0.5 action prompts: int64 ids [B, L] and bool mask [B, L] (``subtasks``: each prompt's
+    subtask condition, None for the unconditioned prompt)."""
+    subtasks = subtasks or [None] * len(instructions)
+    prompts = [tok.tokenize_action_prompt(i, s, clip_state=True, subtask=t)
+               for i, s, t in zip(instructions, norm_states, subtasks, strict=True)]
     ids = torch.from_numpy(np.stack([p.ids for p in prompts]))
     return ids, torch.from_numpy(np.stack([p.mask for p in prompts]))
 
 
-def to_model_observation(obs: WorldObservation, tok: PromptTokenizer, stats: NormStats) -> Observation:
-    """One world observation as a model batch of one (cameras in :data:`CAMERAS` order)."""
+def to_model_observation(obs: WorldObservation, tok: PromptTokenizer, stats: NormStats,
+                         subtask: str | None = None) -> Observation:
+    """One world observation as a model batch of one (cameras in :data:`CAMERAS` order; ``subtask`` conditions the
+    action prompt)."""
     images = images_to_model(np.stack([obs.images[c] for c in CAMERAS])[None])
     norm_state = stats.normalize_state(obs.state)[None]
-    ids, mask = prompt_batch(tok, [obs.instruction], norm_state)
+    ids, mask = prompt_batch(tok, [obs.instruction], norm_state, [subtask])
     return Observation(images, torch.ones(1, len(CAMERAS), dtype=torch.bool), ids, mask,
                        torch.from_numpy(norm_state))
 

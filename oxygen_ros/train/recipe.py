@@ -11,6 +11,7 @@ import torch
 from oxygen_ros.engine import Pi05Model
 from oxygen_ros.engine.config import GemmaConfig, Pi05Config, VisionConfig
 from oxygen_ros.engine.small_tokenizer import make_test_tokenizer
+from oxygen_ros.world.language import LANGUAGE_GRID, cell_text
 from oxygen_ros.world.render import COLORS
 from oxygen_ros.world.tabletop import CAMERAS, JOINT_NAMES
 
@@ -36,29 +37,47 @@ def toy_config(image_size: int = 64, patch_size: int = 16) -> Pi05Config:
         vocab_size=VOCAB_SIZE,
         action_dim=len(JOINT_NAMES),
         action_horizon=ACTION_HORIZON,
-        max_token_len=48,
+        max_token_len=64,  # the subtask-conditioned action prompt is up to about 50 tokens (digits are split)
         camera_names=CAMERAS,
         num_steps=10,
     )
 
 
 def world_sentences(repeats: int = 20, seed: int = 0) -> list[str]:
-    """Every instruction, memory text and a spread of action prompts of the world (tokenizer training text)."""
+    """Every instruction, memory, subtask, narration, question and answer text of the world and a spread of action
+    prompts, with and without a subtask (tokenizer training text)."""
     rng = np.random.default_rng(seed)
     colors = list(COLORS)
+    grid = LANGUAGE_GRID
+    cells = [cell_text(((i + 0.5) / grid, (j + 0.5) / grid)) for i in range(grid) for j in range(grid)]
+
+    def cell() -> str:
+        return cells[int(rng.integers(len(cells)))]
+
     lines: list[str] = []
     for block, plate in itertools.product(colors, colors):
         instruction = f"put the {block} block on the {plate} plate"
-        for _ in range(repeats):
+        subtasks = [f"pick up the {block} block at {cell()}", f"put it on the {plate} plate at {cell()}", "done"]
+        for r in range(repeats):
             state = " ".join(str(v) for v in rng.integers(0, 256, len(JOINT_NAMES)))
             lines.append(f"Task: {instruction}, State: {state};\nAction: ")
-        lines += [f"Memory: The {block} block is on the {plate} plate."] * repeats
+            lines.append(f"Task: {instruction}, State: {state};\nSubtask: {subtasks[r % 3]};\nAction: ")
+        on_plate = f"Question: where is the {block} block?\nAnswer: The {block} block is on the {plate} plate."
+        lines += [f"Memory: The {block} block is on the {plate} plate.",
+                  f"Narration: Carrying the {block} block to the {plate} plate.", on_plate] * repeats
     for block in colors:
         lines += [f"Memory: The {block} block is {where}." for where in ("in the gripper", "on the table")] * repeats
+        lines += [f"Narration: {n} the {block} block." for n in ("Reaching for", "Grasping", "Placing",
+                                                                  "Releasing")] * repeats
+        lines += [f"Question: what is in the gripper?\nAnswer: The {block} block.",
+                  f"Question: which block is the target?\nAnswer: The {block} block.",
+                  f"Question: which plate is the target?\nAnswer: The {block} plate.",
+                  f"Question: where is the {block} block?\nAnswer: The {block} block is in the gripper.",
+                  f"Question: where is the {block} block?\nAnswer: The {block} block is on the table."] * repeats
         for _ in range(repeats):
-            x, y = rng.integers(0, 100, 2)
-            lines += [f"Subtask: pick up the {block} block at {x} {y}",
-                      f"Subtask: put it on the {block} plate at {y} {x}"]
+            lines += [f"Subtask: pick up the {block} block at {cell()}",
+                      f"Subtask: put it on the {block} plate at {cell()}"]
+    lines += ["Subtask: done", "Narration: Done.", "Question: what is in the gripper?\nAnswer: Nothing."] * repeats
     return lines
 
 

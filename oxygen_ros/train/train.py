@@ -48,7 +48,10 @@ class TrainConfig:
     warmup: int = 100
     weight_decay: float = 1e-4
     num_noise: int = 4  # flow-matching noise samples per example (share one prefix forward)
-    lang_weight: float = 1.0  # weight of each language loss (memory, subtask co-training)
+    lang_weight: float = 1.0  # weight of each language loss (memory, subtask, narration, answer)
+    subtask_prob: float = 0.5  # samples whose action prompt is conditioned on a subtask ("Subtask: ...;\n")
+    stale_prob: float = 0.2  # of those, conditioned on the episode's previous subtask (staged inference lags)
+    questions_per_sample: int = 1  # distinct questions (answer streams) per sample and step
     object_weight: float = 1.0  # weight of the auxiliary per-patch object loss (0: off; see object_maps.py)
     seed: int = 0
     threads: int = 2
@@ -57,6 +60,7 @@ class TrainConfig:
     val_every: int = 500  # open-loop validation on held-out demonstrations (seeds from VAL_FIRST_SEED)
     val_episodes: int = 12
     data: Path | None = None  # .npz cache of the demonstrations (written if missing)
+    init: Path | None = None  # warm start: a trained toy model directory (weights; token embeddings by piece)
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
@@ -84,11 +88,43 @@ def _optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimize
                               {"params": other, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def _fit_schedule(cfg: TrainConfig, step: int, loop_s: float, elapsed_s: float) -> int | None:
-    """A shorter total step count when the measured pace would overrun ``max_minutes`` (else None)."""
+def _fit_schedule(cfg: TrainConfig, step: int, loop_s: float, elapsed_s: float,
+                  target: int | None = None) -> int | None:
+    """The total step count that the measured pace fits into ``max_minutes``, at most ``target`` (the requested
+    steps; default ``cfg.steps``), when it differs from ``cfg.steps`` (else None): shorter when the pace would overrun,
+    longer again (up to ``target``) when a shortened schedule's pace improved."""
     per_step = loop_s / step
-    fitted = step + max(1, int((cfg.max_minutes * 60 - elapsed_s - 10.0) / per_step))
-    return fitted if fitted < cfg.steps else None
+    fitted = min(target or cfg.steps, step + max(1, int((cfg.max_minutes * 60 - elapsed_s - 10.0) / per_step)))
+    return fitted if fitted != cfg.steps else None
+
+
+def warm_start(model: torch.nn.Module, tok: PromptTokenizer, init: Path) -> dict[str, int]:
+    """Copy the weights of the trained model in ``init`` into ``model``; token embeddings (and the tied LM head) row
+    by row through the SentencePiece pieces both tokenizers share (new pieces keep their fresh init)."""
+    import sentencepiece as spm
+
+    from oxygen_ros.engine.checkpoint import load_checkpoint
+
+    old = load_checkpoint(init).state_dict()
+    old_sp = spm.SentencePieceProcessor(model_file=str(Path(init) / "tokenizer.model"))
+    new_sp = tok._sp
+    old_ids = {old_sp.id_to_piece(i): i for i in range(old_sp.get_piece_size())}
+    rows = [(i, old_ids[new_sp.id_to_piece(i)]) for i in range(new_sp.get_piece_size())
+            if new_sp.id_to_piece(i) in old_ids]
+    new, old_rows = torch.tensor([r[0] for r in rows]), torch.tensor([r[1] for r in rows])
+    copied = 0
+    with torch.no_grad():
+        for name, value in model.state_dict().items():
+            if name not in old:
+                continue
+            if "embed_tokens" in name or "lm_head" in name:
+                value[new] = old[name][old_rows].to(value.dtype)
+            elif value.shape == old[name].shape:
+                value.copy_(old[name])
+            else:
+                continue
+            copied += 1
+    return {"tensors": copied, "shared_pieces": len(rows), "pieces": new_sp.get_piece_size()}
 
 
 def _optimizer_step(model, object_head, opt, batch, cfg: TrainConfig, step: int, gen: torch.Generator) -> dict:
@@ -118,6 +154,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     stats = NormStats.fit(demos.states, demos.actions)
     stats.save(out)
     model = init_toy_model(model_cfg, cfg.seed).train()
+    warm = warm_start(model, tok, cfg.init) if cfg.init is not None else None
     # Training-only probe on the image tokens (not saved): see object_maps.py.
     object_head = torch.nn.Linear(model_cfg.backbone.width, len(OBJECT_CLASSES)) if cfg.object_weight else None
     opt = _optimizer(model, cfg)
@@ -129,22 +166,32 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     val = collect(cfg.val_episodes, VAL_FIRST_SEED, ACTION_HORIZON, progress=False,
                   patch_px=model_cfg.vision.patch_size)
     val_index = np.linspace(0, len(val) - 1, min(64, len(val))).round().astype(int)
-    val_batch = make_batch(val, val_index, tok, stats, model_cfg.action_dim, token_cache)
+    val_rng = np.random.default_rng(cfg.seed + 1)  # fixed questions; half the prompts conditioned (true subtask)
+    val_batch = make_batch(val, val_index, tok, stats, model_cfg.action_dim, token_cache, rng=val_rng,
+                           subtask_prob=cfg.subtask_prob, questions_per_sample=3)
+    val_plain = make_batch(val, val_index, tok, stats, model_cfg.action_dim, token_cache, tasks=())
+    val_cond = make_batch(val, val_index, tok, stats, model_cfg.action_dim, token_cache, tasks=(),
+                          subtasks=val.subtasks[val_index].tolist())
     history: list[dict] = []
     running: dict[str, float] = {}
     metrics: dict[str, float] = {}
     t_loop = time.perf_counter()
     bar = tqdm(total=cfg.steps, desc="train", disable=not progress)
+    target = cfg.steps
     step = 0
     while step < cfg.steps:
         batch = make_batch(demos, rng.integers(0, len(demos), cfg.batch_size), tok, stats, model_cfg.action_dim,
-                           token_cache)
+                           token_cache, rng=rng, subtask_prob=cfg.subtask_prob, stale_prob=cfg.stale_prob,
+                           questions_per_sample=cfg.questions_per_sample)
         losses = _optimizer_step(model, object_head, opt, batch, cfg, step, gen)
         for k, v in losses.items():
             running[k] = 0.9 * running.get(k, v.item()) + 0.1 * v.item()
         last = step == cfg.steps - 1
         if (step + 1) % cfg.val_every == 0 or last:
             metrics = validate(model, val_batch, val, val_index, tok, stats)
+            for name, b in (("plain", val_plain), ("cond", val_cond)):
+                m = validate(model, b, val, val_index, tok, stats, language=False)
+                metrics[f"val_xy_error_{name}"] = m["val_xy_error"]
         bar.set_postfix(**{k: f"{v:.4f}" for k, v in running.items()},
                         **{k[4:]: f"{v:.3f}" for k, v in metrics.items()})
         if step % cfg.log_every == 0 or last or (step + 1) % cfg.val_every == 0:
@@ -153,14 +200,14 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
         step += 1
         bar.update()
         if step in (20, 100) or step % 250 == 0:  # fit the schedule into the wall-clock budget
-            fitted = _fit_schedule(cfg, step, time.perf_counter() - t_loop, time.perf_counter() - t_start)
+            fitted = _fit_schedule(cfg, step, time.perf_counter() - t_loop, time.perf_counter() - t_start, target)
             if fitted is not None:
-                bar.write(f"shortening the schedule to {fitted} steps to fit {cfg.max_minutes} min")
+                bar.write(f"fitting the schedule to {fitted} steps ({cfg.max_minutes} min)")
                 cfg.steps = bar.total = fitted
     bar.close()
     save_checkpoint(model.eval(), out)
     log = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
-           "samples": len(demos), "parameters": model.num_parameters(), "steps_done": step,
+           "samples": len(demos), "parameters": model.num_parameters(), "steps_done": step, "warm_start": warm,
            "wall_s": time.perf_counter() - t_start, "history": history}
     (out / "train_log.json").write_text(json.dumps(log, indent=2))
     plot_training(log, out / "train_curves.png")
@@ -174,13 +221,15 @@ def main(argv: list[str] | None = None) -> None:
     for f in TrainConfig.__dataclass_fields__.values():
         if f.name == "out":
             continue
-        kind = Path if f.name == "data" else type(f.default)
+        kind = Path if f.name in ("data", "init") else type(f.default)
         ap.add_argument(f"--{f.name.replace('_', '-')}", type=kind, default=f.default, help=f"default {f.default}")
     args = vars(ap.parse_args(argv))
     log = train(TrainConfig(**args))
     last = log["history"][-1]
     print(f"saved {args['out']}: {log['steps_done']} steps in {log['wall_s'] / 60:.1f} min, "
-          f"action loss {last['action']:.4f}, memory loss {last['memory']:.4f}, subtask loss {last['subtask']:.4f}")
+          f"action loss {last['action']:.4f}, "
+          + ", ".join(f"{k} {last[k]:.4f}" for k in ("memory", "subtask", "narration", "answer") if k in last)
+          + ", " + ", ".join(f"{k} {v:.3f}" for k, v in last.items() if k.startswith("val_")))
 
 
 if __name__ == "__main__":

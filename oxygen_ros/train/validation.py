@@ -1,5 +1,5 @@
-"""Open-loop validation on held-out demonstrations: sampled chunks against the expert's, greedy memory text
-against the ground truth (both through the model's own cached inference paths)."""
+"""Open-loop validation on held-out demonstrations: sampled chunks against the expert's, greedy language text (memory,
+subtask, narration, answers) against the ground truth (both through the model's own cached inference paths)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ __all__ = ["validate"]
 
 @torch.no_grad()
 def validate(model: Pi05Model, batch: Batch, demos: Demonstrations, index: np.ndarray, tok: PromptTokenizer,
-             stats: NormStats, seed: int = 0) -> dict[str, float]:
-    """Mean x-y error of sampled chunks (world units, over all steps), gripper agreement, memory exact match."""
+             stats: NormStats, seed: int = 0, language: bool = True) -> dict[str, float]:
+    """Mean x-y error of sampled chunks (world units, over all steps), gripper agreement and, with ``language``, the
+    greedy exact match of every language stream of ``batch`` (its request prompt, its target text)."""
     was_training = model.training
     model.eval()
     obs = batch.observation
@@ -27,11 +28,17 @@ def validate(model: Pi05Model, batch: Batch, demos: Demonstrations, index: np.nd
     states = demos.states[index]
     pred = np.stack([stats.actions_from_model(c, s) for c, s in zip(chunks, states, strict=True)])
     true = demos.actions[index]
-    outs = model.generate(obs, 16, [tok.tokenize_request("memory")] * len(index), eos_id=tok.eos_id)
-    texts = [tok.decode(o) for o in outs]
-    model.train(was_training)
-    return {
+    out = {
         "val_xy_error": float(np.linalg.norm(pred[..., :2] - true[..., :2], axis=-1).mean()),
         "val_gripper_agree": float(((pred[..., 3] > 0.5) == (true[..., 3] > 0.5)).mean()),
-        "val_memory_exact": float(np.mean([t == m for t, m in zip(texts, demos.memories[index], strict=True)])),
     }
+    for task, (tokens, is_target) in batch.language.items() if language else ():
+        prompts, truths = [], []
+        for row, tgt in zip(tokens.tolist(), is_target.tolist(), strict=True):
+            first = tgt.index(True)
+            prompts.append(row[:first])
+            truths.append(tok.decode(t for t, m in zip(row, tgt, strict=True) if m))
+        gen = model.generate(obs, 24, prompts, eos_id=tok.eos_id)
+        out[f"val_{task}_exact"] = float(np.mean([tok.decode(g) == t for g, t in zip(gen, truths, strict=True)]))
+    model.train(was_training)
+    return out
