@@ -145,13 +145,14 @@ def test_expert_chunks_over_topics_complete_tasks(world: World) -> None:
     assert world.sim.counters.rejected_chunks == 0 and world.sim.counters.chunks > 0
 
 
-def test_memories_are_scored_against_the_observation_they_came_from(world: World) -> None:
+def test_language_is_scored_against_the_observation_it_came_from(world: World) -> None:
     world.sim.start()
     assert world.wait_for(lambda: len(world.joints) >= 3, 10)
     with world.lock:
         stamp = stamp_to_ns(world.joints[-1].header.stamp)
-    truth = world.sim.truth.get(stamp)
-    assert truth is not None
+    scene = world.sim.truth.get(stamp)
+    assert scene is not None
+    truth = scene["memory"]
     for text in (truth, "The blue block is on the moon."):
         msg = LanguageOutput(task="memory", text=text, num_tokens=3, eos=True)
         msg.header.stamp = time_msg(stamp)
@@ -159,12 +160,22 @@ def test_memories_are_scored_against_the_observation_they_came_from(world: World
     msg = LanguageOutput(task="memory", text=truth)
     msg.header.stamp = time_msg(12345)  # no such observation: counted as unscored
     world.language_pub.publish(msg)
-    world.language_pub.publish(LanguageOutput(task="narration", text="ignored"))
-    assert world.wait_for(lambda: world.sim.counters.memories == 3, 10), world.sim.counters
+    for task in ("narration", "subtask"):
+        msg = LanguageOutput(task=task, stream=task, text=f" {scene[task]} ")
+        msg.header.stamp = time_msg(stamp)
+        world.language_pub.publish(msg)
+    world.language_pub.publish(LanguageOutput(task="custom", text="not scored"))
+    assert world.wait_for(lambda: world.sim.counters.memories == 3 and len(world.sim.counters.tasks) == 3, 10), \
+        world.sim.counters
     c = world.sim.counters
     assert (c.memory_exact, c.memory_unscored) == (1, 1)
+    assert {t: (v.scored, v.exact) for t, v in c.tasks.items()} == {"memory": (2, 1), "narration": (1, 1),
+                                                                      "subtask": (1, 1)}
     scored = [e for e in world.events if e["event"] == "memory"]
     assert [e["exact"] for e in scored] == [True, False] and scored[0]["truth"] == truth
+    question, answer = next(iter(scene["answers"].items()))
+    assert world.sim.answer_truth(stamp, f"  {question.upper()} ") == answer
+    assert world.sim.answer_truth(stamp, "what is the meaning of life?") is None
 
 
 def test_malformed_and_stale_chunks_are_counted_not_executed(world: World) -> None:

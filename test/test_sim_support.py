@@ -41,6 +41,20 @@ def test_memory_truth_keeps_the_newest() -> None:
     assert c.memories_scored == 3 and "memory exact 3/3" in c.summary()
 
 
+def test_scene_truth_states_every_task_and_answers() -> None:
+    from oxygen_ros.sim.scoring import TaskScore, scene_truth
+    from oxygen_ros.world import TabletopWorld, answer, expert_subtask, narration_text
+
+    world = TabletopWorld(seed=3)
+    truth = scene_truth(world)
+    assert truth["memory"] == world.memory_text() and truth["subtask"] == expert_subtask(world)
+    assert truth["narration"] == narration_text(world)
+    assert truth["answers"] and all(answer(world, q) == a for q, a in truth["answers"].items())
+    score = TaskScore()
+    assert (score.add(" a ", "a"), score.add("b", "a"), score.add("c", None)) == (True, False, None)
+    assert (score.received, score.scored, score.exact, score.last) == (3, 2, 1, ("b", "a"))
+
+
 def test_find_config_prefers_the_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from oxygen_ros.demo import config
 

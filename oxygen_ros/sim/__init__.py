@@ -1,6 +1,6 @@
 """The tabletop simulator as a ROS 2 node, the robot of the closed-loop demo: :mod:`.node` (the node and ``main``;
 ``python -m oxygen_ros.sim``, ``ros2 run oxygen_ros tabletop_sim``), :mod:`.chunks` (when each action of a chunk is
-due, chunk validation) and :mod:`.scoring` (episode records, counters, memory truth).
+due, chunk validation) and :mod:`.scoring` (episode records, counters, the language truth of every observation).
 
 ``chunks`` and ``scoring`` are ROS-free; the names below load their module on first use, so only the node's need
 rclpy and the built messages.
@@ -11,7 +11,8 @@ from oxygen_ros._lazy import lazy_exports
 _EXPORTS = {
     "TabletopSimNode": "node", "main": "node",
     "aligned_actions": "chunks", "chunk_problem": "chunks", "chunk_start_index": "chunks",
-    "EpisodeRecord": "scoring", "MemoryTruth": "scoring", "SimCounters": "scoring",
+    "EpisodeRecord": "scoring", "MemoryTruth": "scoring", "SimCounters": "scoring", "TaskScore": "scoring",
+    "scene_truth": "scoring",
 }
 
 __all__ = sorted(_EXPORTS)

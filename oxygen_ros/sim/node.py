@@ -50,7 +50,7 @@ from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 
 from .chunks import aligned_actions, chunk_problem
-from .scoring import EpisodeRecord, MemoryTruth, SimCounters
+from .scoring import SCORED_TASKS, EpisodeRecord, MemoryTruth, SimCounters, TaskScore, scene_truth
 
 __all__ = ["INSTRUCTION_REPEAT_S", "PARAMETERS", "SIM_CLOCK_START_NS", "TabletopSimNode", "main"]
 
@@ -96,7 +96,7 @@ class TabletopSimNode(Node):
         self._sim_ns = SIM_CLOCK_START_NS
         self.counters = SimCounters()
         self._queue: deque[np.ndarray] = deque()
-        self.truth = MemoryTruth()  # observation stamp -> ground-truth memory text
+        self.truth = MemoryTruth()  # observation stamp -> the scene's truth (language.scene_truth)
         self._episode_chunks = 0
         self._done_since: int | None = None
         self._last_instruction_ns = 0
@@ -213,7 +213,7 @@ class TabletopSimNode(Node):
         js.name = list(JOINT_NAMES)
         js.position = [float(v) for v in obs.state]
         self._joint_pub.publish(js)
-        self.truth.record(stamp_ns, self.world.memory_text())
+        self.truth.record(stamp_ns, scene_truth(self.world))
 
     # ------------------------------------------------------------------------------------------ inputs
     def _on_chunk(self, msg: ActionChunk) -> None:
@@ -237,17 +237,27 @@ class TabletopSimNode(Node):
         self._episode_chunks += 1
 
     def _on_language(self, msg: LanguageOutput) -> None:
-        if msg.task != "memory":
-            return
-        truth = self.truth.get(stamp_to_ns(msg.header.stamp))
-        self.counters.memories += 1
-        if truth is None:
-            self.counters.memory_unscored += 1
-            return
-        exact = msg.text.strip() == truth
-        self.last_memory = (msg.text, truth)
-        self.counters.memory_exact += int(exact)
-        self._event("memory", frame_index=int(msg.frame_index), text=msg.text, truth=truth, exact=exact)
+        if msg.task not in SCORED_TASKS:
+            return  # answers are scored by whoever asked (the question is not in the message): answer_truth()
+        scene = self.truth.get(stamp_to_ns(msg.header.stamp))
+        truth = None if scene is None else scene[msg.task]
+        exact = self.counters.tasks.setdefault(msg.task, TaskScore()).add(msg.text, truth)
+        if msg.task == "memory":
+            self.counters.memories += 1
+            if truth is None:
+                self.counters.memory_unscored += 1
+            else:
+                self.last_memory = (msg.text, truth)
+                self.counters.memory_exact += int(bool(exact))
+        if truth is not None:
+            self._event(msg.task, frame_index=int(msg.frame_index), stream=msg.stream, text=msg.text, truth=truth,
+                        exact=exact)
+
+    def answer_truth(self, stamp_ns: int, question: str) -> str | None:
+        """The world's answer to ``question`` at the observation stamped ``stamp_ns`` (None: unknown observation
+        or not a valid question about that scene)."""
+        scene = self.truth.get(stamp_ns)
+        return None if scene is None else scene["answers"].get(" ".join(question.strip().lower().split()))
 
     def _event(self, kind: str, **fields: Any) -> None:
         self._event_pub.publish(String(data=json.dumps({"event": kind, **fields})))

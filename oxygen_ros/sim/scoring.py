@@ -1,11 +1,17 @@
-"""Bookkeeping of the simulator (ROS-free): episode records, running totals and memory scoring against the
-world's truth at the observation a memory came from."""
+"""Bookkeeping of the simulator (ROS-free): episode records, running totals and language scoring against the
+world's truth at the observation an output came from (memory, narration, subtask; answers by question)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-__all__ = ["EpisodeRecord", "MemoryTruth", "SimCounters", "TRUTH_HISTORY"]
+from oxygen_ros.world import TabletopWorld, answers, expert_subtask, narration_text
+
+__all__ = ["SCORED_TASKS", "EpisodeRecord", "MemoryTruth", "SimCounters", "TRUTH_HISTORY", "TaskScore",
+           "scene_truth"]
+
+SCORED_TASKS = ("memory", "narration", "subtask")  # language tasks whose truth the world states per observation
 
 TRUTH_HISTORY = 2048  # observation stamps whose ground-truth memory is kept for scoring
 
@@ -22,6 +28,34 @@ class EpisodeRecord:
     chunks: int
 
 
+def scene_truth(world: TabletopWorld) -> dict[str, Any]:
+    """What a perfect model says about the current observation: one text per :data:`SCORED_TASKS` task and
+    ``"answers"``, every valid question -> its answer."""
+    return {"memory": world.memory_text(), "narration": narration_text(world), "subtask": expert_subtask(world),
+            "answers": answers(world)}
+
+
+@dataclass
+class TaskScore:
+    """Outputs of one language task: received, matched to a published observation, equal to its truth."""
+
+    received: int = 0
+    scored: int = 0
+    exact: int = 0
+    last: tuple[str, str] | None = None  # (text, truth) of the newest scored one
+
+    def add(self, text: str, truth: str | None) -> bool | None:
+        """Count one output against ``truth`` (None: its observation is unknown); whether it was exact."""
+        self.received += 1
+        if truth is None:
+            return None
+        self.scored += 1
+        exact = text.strip() == truth
+        self.exact += int(exact)
+        self.last = (text, truth)
+        return exact
+
+
 @dataclass
 class SimCounters:
     """Running totals (the node logs them at shutdown)."""
@@ -34,6 +68,7 @@ class SimCounters:
     memories: int = 0
     memory_exact: int = 0
     memory_unscored: int = 0
+    tasks: dict[str, TaskScore] = field(default_factory=dict)  # every scored task (memory included), by task
 
     @property
     def memories_scored(self) -> int:
@@ -47,19 +82,20 @@ class SimCounters:
 
 
 class MemoryTruth:
-    """The world's ground-truth memory text per published observation stamp (the newest ``capacity`` kept)."""
+    """The world's truth per published observation stamp (the newest ``capacity`` kept): a memory text, or any
+    record of the scene (the simulator keeps ``{task: text, "answers": {question: answer}}``)."""
 
     def __init__(self, capacity: int = TRUTH_HISTORY) -> None:
         self.capacity = capacity
-        self._truth: dict[int, str] = {}
+        self._truth: dict[int, Any] = {}
 
-    def record(self, stamp_ns: int, truth: str) -> None:
+    def record(self, stamp_ns: int, truth: Any) -> None:
         """Remember the truth of the observation stamped ``stamp_ns``; forget the oldest beyond ``capacity``."""
         self._truth[stamp_ns] = truth
         while len(self._truth) > self.capacity:
             del self._truth[next(iter(self._truth))]
 
-    def get(self, stamp_ns: int) -> str | None:
+    def get(self, stamp_ns: int) -> Any:
         """The truth of the observation stamped ``stamp_ns``, or None when unknown (never published, forgotten)."""
         return self._truth.get(stamp_ns)
 
