@@ -1,6 +1,6 @@
 """The README's demo as a test: the oxygen node (a separate process, the committed toy model) drives the tabletop
-simulator node over real DDS topics; the robot must complete tasks while the node's memories are scored against
-the world's truth."""
+simulator node over real DDS topics; the robot must complete tasks while the node's memories, narration and subtasks
+(which also condition its actions) and its answers to questions over ``~/ask`` are scored against the world's truth."""
 
 from __future__ import annotations
 
@@ -36,8 +36,13 @@ def test_demo_completes_tasks_over_ros() -> None:
     assert summary.tasks_completed >= 1, log
     assert summary.frames >= 50 and summary.language_outputs >= 20, log  # 10 Hz target, 20 s
     assert summary.memories_scored >= 20 and summary.memories_exact / summary.memories_scored >= 0.7, log
+    # the preset's other streams and the questions over ~/ask (asked every 3 s), all scored against the world
+    for task in ("narration", "subtask"):
+        exact, scored = summary.language_exact[task]
+        assert scored >= 10 and exact / scored >= 0.7, (task, log)
+    assert summary.answers_scored >= 2 and summary.answers_exact / summary.answers_scored >= 0.5, log
     print_summary(summary, console)
-    assert "tasks done / episodes" in console.file.getvalue()
+    assert "tasks done / episodes" in console.file.getvalue() and "answers exact" in console.file.getvalue()
 
 
 def test_demo_rejects_an_unknown_scene(capsys) -> None:

@@ -21,7 +21,7 @@ import signal
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,10 @@ class DemoSummary:
     episodes: int = 0  # tabletop: episodes finished (success or out of steps)
     memories_scored: int = 0  # tabletop: memory outputs matched to an observation of the simulator
     memories_exact: int = 0
+    language_exact: dict[str, tuple[int, int]] = field(default_factory=dict)  # tabletop: task -> (exact, scored)
+    answers_asked: int = 0  # tabletop: questions sent to ~/ask
+    answers_scored: int = 0  # of which answered (scored against the truth)
+    answers_exact: int = 0
 
 
 def _ms(duration: Any) -> float:
@@ -153,10 +157,12 @@ def _summarize(probe: Probe, scene: str, wall: float, horizon: int, exit_code: i
 
 def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict[str, Any] | None = None,
              start_node: bool = True, domain_id: int | None = None, image_size: int = 224, camera_rate_hz: float = 15.0,
-             console: Console | None = None, scene: str = "tabletop", sim_seed: int = DEFAULT_SIM_SEED) -> DemoSummary:
+             console: Console | None = None, scene: str = "tabletop", sim_seed: int = DEFAULT_SIM_SEED,
+             ask_every_s: float = 3.0) -> DemoSummary:
     """Run the demo for ``duration`` seconds and return the summary. ``scene``: "tabletop" (the simulator node, closed
     loop) or "synthetic" (a synthetic stream of ``image_size`` px at ``camera_rate_hz``); ``config`` defaults to the
-    scene's preset (:func:`~oxygen_ros.demo.config.find_config`)."""
+    scene's preset (:func:`~oxygen_ros.demo.config.find_config`). Tabletop: a question about the scene goes to the
+    node's ``~/ask`` action every ``ask_every_s`` seconds (0: none), its answer scored against the world."""
     if scene not in SCENES:
         raise ValueError(f"scene must be one of {sorted(SCENES)}, got {scene!r}")
     console = console or Console()
@@ -187,7 +193,7 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
     probe = Probe(probe_cameras, list(params["joint_names"]), image_size=image_size, domain_id=domain_id,
                   name=f"oxygen_demo_{scene}")
     try:
-        world: Scene = TabletopScene(probe, "/oxygen", sim_seed) if scene == "tabletop" \
+        world: Scene = TabletopScene(probe, "/oxygen", sim_seed, ask_every_s) if scene == "tabletop" \
             else SyntheticScene(probe, camera_rate_hz)
         _wait_subscribed(probe, world, node, console)
         world.start()
@@ -216,6 +222,10 @@ def print_summary(s: DemoSummary, console: Console) -> None:
     d = s.diagnostics
     rows = [("tasks done / episodes", f"{s.tasks_completed} / {s.episodes}"),
             ("memory exact match", f"{s.memories_exact} / {s.memories_scored}")] if s.scene == "tabletop" else []
+    rows += [(f"{task} exact match", f"{exact} / {scored}") for task, (exact, scored) in s.language_exact.items()
+             if task != "memory"]
+    if s.answers_asked:
+        rows.append(("answers exact (~/ask)", f"{s.answers_exact} / {s.answers_scored} ({s.answers_asked} asked)"))
     for name, value in (
         *rows,
         ("frames (action chunks)", str(s.frames)),
@@ -248,11 +258,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=DEFAULT_SIM_SEED, help="first episode seed of the simulator")
     ap.add_argument("--image-size", type=int, default=224, help="synthetic scene: camera image size (default 224)")
     ap.add_argument("--camera-rate", type=float, default=15.0, help="synthetic scene: camera rate (default 15 Hz)")
+    ap.add_argument("--ask-every", type=float, default=3.0, metavar="S",
+                    help="tabletop: ask the node a question over ~/ask every S seconds (default 3; 0: never)")
     args = ap.parse_args(argv)
     console = Console()
     try:
         summary = run_demo(args.duration, args.config, parse_set(args.set), not args.no_node, args.domain_id,
-                           args.image_size, args.camera_rate, console, args.scene, args.seed)
+                           args.image_size, args.camera_rate, console, args.scene, args.seed, args.ask_every)
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130

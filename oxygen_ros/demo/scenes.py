@@ -58,13 +58,18 @@ class TabletopScene:
 
     name = "tabletop"
 
-    def __init__(self, probe: Probe, node: str, seed: int) -> None:
+    def __init__(self, probe: Probe, node: str, seed: int, ask_every_s: float = 0.0) -> None:
         self.sim = TabletopSimNode(context=probe.context, parameter_overrides=[
             Parameter("autostart", value=False), Parameter("seed", value=seed),
             Parameter("chunk_topic", value=f"{node}/action_chunk"),
             Parameter("language_topic", value=f"{node}/language_output")])
         probe.executor.add_node(self.sim)
         self._probe = probe
+        self.asker = None  # questions over the node's ~/ask action (ask_every_s > 0)
+        if ask_every_s > 0:
+            from .asker import QuestionAsker
+
+            self.asker = QuestionAsker(probe, node, self.sim, ask_every_s, seed)
 
     def subscribed(self) -> bool:
         return self.sim.cameras_connected()
@@ -73,7 +78,8 @@ class TabletopScene:
         self.sim.start()
 
     def tick(self) -> None:
-        pass
+        if self.asker is not None:
+            self.asker.tick()
 
     def note(self) -> str:
         w = self.sim.world
@@ -84,17 +90,32 @@ class TabletopScene:
         scored = c.memories - c.memory_unscored
         memory = "(none yet)" if last is None else (
             f"{clean_text(last[0])} ({'= truth' if last[0].strip() == last[1] else 'truth: ' + last[1]})")
-        return [("tasks done / episodes", f"{c.successes} / {c.episodes}"),
+        rows = [("tasks done / episodes", f"{c.successes} / {c.episodes}"),
                 ("memory exact match", f"{c.memory_exact} / {scored}" + (f" ({c.memory_exact / scored:.0%})"
                                                                          if scored else "")),
                 ("last memory", memory)]
+        for task, score in sorted(c.tasks.items()):  # the other streams the node runs (narration, subtask)
+            if task == "memory" or score.last is None:
+                continue
+            text, truth = score.last
+            verdict = "= truth" if text.strip() == truth else f"truth: {truth}"
+            rows += [(f"{task} exact match", f"{score.exact} / {score.scored} ({score.exact / score.scored:.0%})"),
+                     (f"last {task}", f"{clean_text(text)} ({verdict})")]
+        return rows + (self.asker.rows() if self.asker is not None else [])
 
     def summary(self) -> dict[str, int]:
         c = self.sim.counters
-        return {"tasks_completed": c.successes, "episodes": c.episodes,
-                "memories_scored": c.memories - c.memory_unscored, "memories_exact": c.memory_exact}
+        out = {"tasks_completed": c.successes, "episodes": c.episodes,
+               "memories_scored": c.memories - c.memory_unscored, "memories_exact": c.memory_exact,
+               "language_exact": {t: (s.exact, s.scored) for t, s in sorted(c.tasks.items())}}
+        if self.asker is not None:
+            t = self.asker.totals
+            out |= {"answers_asked": t.asked, "answers_exact": t.exact, "answers_scored": t.answered}
+        return out
 
     def close(self) -> None:
+        if self.asker is not None:
+            self.asker.close()
         self._probe.executor.remove_node(self.sim)
         self.sim.destroy_node()
 
