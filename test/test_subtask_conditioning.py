@@ -155,6 +155,13 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
         first = min(c.frame_index for c in conditioned)
         assert all(c.subtask == "" for c in probe.chunks() if c.frame_index < first)
         assert any(o.stream == "memory" for o in probe.language())
+
+        def diagnosed() -> bool:  # /diagnostics names the subtask the next chunks are conditioned on
+            d = probe.diagnostics()
+            return "subtask" in d and d["subtask"] in {o.text.strip() for o in probe.language()
+                                                       if o.stream == "subtask"} | {""}
+
+        assert probe.wait_for(diagnosed, 5), probe.diagnostics()
     finally:
         probe.close()
         assert node.stop() == 0

@@ -450,6 +450,8 @@ class OxygenNode(LifecycleNode):
         store = self._store
         if store is not None:
             extra["instruction"] = (store.instruction or "")[:200]
+            if runner is not None and runner.condition_on:  # what the next chunks are conditioned on
+                extra["subtask"] = runner.subtask(store.instruction or "")[:200]
         warnings: list[str] = []
         watch = self._camera_watch
         if store is not None and watch is not None:  # per camera receive rate, image age, silent cameras
