@@ -105,28 +105,3 @@ def test_nothing_starves_and_tokens_match_isolated_under_a_tight_deadline(model)
     assert memories >= {0, 3, 6, 9, 12}  # every memory that had its 12 frames finished
     for key, tokens in finished["oxygen"].items():
         assert tokens == finished["isolated"][key], key
-
-
-def test_high_priority_requests_sit_at_the_top_and_far_rows_decode_apart() -> None:
-    from types import SimpleNamespace
-
-    from oxygen_ros.engine.requests import FrameResult
-    from oxygen_ros.engine.scheduler import clusters
-
-    sched = _scheduler()  # 9 slots, k=auto
-    prefix = SimpleNamespace(length=8, num_valid=torch.tensor([8]))
-    slot = sched.alloc()
-    result = FrameResult(0, [], [], {}, [], 0, 0)
-    reqs = [LanguageRequest("answer", 4, [5, 6], priority=3), LanguageRequest("memory", 4, [7]),
-            LanguageRequest("memory", 4, [7])]
-    copies = sched.admit(reqs, prefix, slot, lambda: 0, result)
-    by_task = {st.request.task: st.slot for st in sched.inflight}
-    assert by_task["answer"] == 8 and sorted(st.slot for st in sched.inflight) == [0, 1, 8]
-    assert (0, 8) in copies  # the question's prefix is copied up from the frame's slot
-    assert [[r.slot for r in c] for c in clusters(sched.inflight)] == [[0, 1], [8]]
-    first = sched.schedule(4)
-    assert (first.lo, len(first.rows)) == (0, 2)  # not one forward over 9 slots, 6 of them empty
-    fixed = Scheduler(EngineConfig(k=2, max_inflight=8), 9, batched=True)
-    fixed.begin_frame(0, None, time.perf_counter())
-    fixed.admit([LanguageRequest("answer", 4, [5], priority=3)], prefix, fixed.alloc(), lambda: 0, result)
-    assert fixed.inflight[0].slot == 0  # fixed k: every row advances together anyway, the pool stays packed

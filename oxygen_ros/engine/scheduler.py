@@ -88,22 +88,6 @@ class DecodeBatch:
         return slice(self.lo, self.lo + len(self.rows))
 
 
-CLUSTER_GAP = 4  # a run of this many slots without an active row splits a decode forward in two
-
-
-def clusters(rows: list[RequestState], gap: int = CLUSTER_GAP) -> list[list[RequestState]]:
-    """``rows`` by slot, split where ``gap`` or more slots without one of them lie between two (the slot ranges
-    one decode forward each spans: every slot in a range is computed, live or not)."""
-    rows = sorted(rows, key=lambda r: r.slot)
-    out = [[rows[0]]] if rows else []
-    for r in rows[1:]:
-        if r.slot - out[-1][-1].slot > gap:
-            out.append([r])
-        else:
-            out[-1].append(r)
-    return out
-
-
 class Scheduler:
     """Admission, eviction and decode selection for one engine's language requests.
 
@@ -189,10 +173,7 @@ class Scheduler:
                     admitted.remove(victim)
                     if victim.slot == slot:
                         slot_owned, slot_freed = False, self.batched
-            if self._placed_high(req):  # from the top of the pool: its spare forwards span only its peers
-                s = self.slots.alloc(top=True)
-                copies.append((slot, s))
-            elif not slot_owned and not slot_freed:
+            if not slot_owned and not slot_freed:
                 s = slot
             else:  # the prefix stays in `slot` until this frame's copies are made, even if `slot` was freed
                 s = self.slots.alloc()
@@ -213,11 +194,6 @@ class Scheduler:
         for st in [s for s in admitted if s.done]:
             self.evict(st, result)
         return copies
-
-    def _placed_high(self, req: LanguageRequest) -> bool:
-        """k=auto: a request of positive priority takes its slot from the top of the pool, so that the forwards
-        over just the high-priority rows (:meth:`_priority_allowances`) span few slots."""
-        return self.batched and self.budget.auto and req.priority > 0
 
     def evict(self, st: RequestState, result: FrameResult, dropped: bool = False) -> None:
         """Finish ``st`` (completed, or ``dropped`` by the overflow policy) and free its slot if it owns one."""
@@ -268,13 +244,13 @@ class Scheduler:
         level by level from the highest priority, as many extra forwards over the rows of at least that priority
         as the time left pays for (their cost estimated from the measured step times of their slot span)."""
         b = self.budget
-        if b.step_cost(1) is None:  # nothing measured yet: k_min for everyone
-            return {}
 
-        def cost(rows: list[RequestState]) -> float:  # one step of every row: one forward per cluster
-            return sum(b.step_cost(c[-1].slot - c[0].slot + 1) for c in clusters(rows))
+        def cost(rows: list[RequestState]) -> float | None:
+            return b.step_cost(max(r.slot for r in rows) - min(r.slot for r in rows) + 1)
 
         full = cost(reqs)
+        if full is None:  # nothing measured yet: k_min for everyone
+            return {}
         # in the units of ``k``: steps counted from the frame's start (a request's free first token included)
         cap = {r.request_id: r.frame_steps + r.request.total_steps - r.steps for r in reqs}
         allow = {i: min(b.k_min, c) for i, c in cap.items()}
@@ -300,9 +276,9 @@ class Scheduler:
         active = [r for r in self.inflight if not r.done and r.frame_steps < allow.get(r.request_id, k)]
         if not active:
             return None
-        active = clusters(active)[0]  # rows far apart decode in separate forwards (no long run of dummy rows)
         by_slot = {r.slot: r for r in self.inflight}
-        lo, hi = active[0].slot, active[-1].slot + 1
+        lo = min(r.slot for r in active)
+        hi = max(r.slot for r in active) + 1
         return DecodeBatch(lo, [by_slot.get(s) for s in range(lo, hi)], active)
 
     def observe(self, batch: DecodeBatch, seconds: float) -> None:

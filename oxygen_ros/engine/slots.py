@@ -13,16 +13,11 @@ class SlotAllocator:
         self._free = list(range(num_slots))
         heapq.heapify(self._free)
 
-    def alloc(self, top: bool = False) -> int:
-        """The lowest free slot, or with ``top`` the highest (``RuntimeError`` when none is free)."""
+    def alloc(self) -> int:
+        """The lowest free slot (``RuntimeError`` when none is free)."""
         if not self._free:
             raise RuntimeError("KV pool exhausted (admission control should prevent this)")
-        if not top:
-            return heapq.heappop(self._free)
-        slot = max(self._free)
-        self._free.remove(slot)
-        heapq.heapify(self._free)
-        return slot
+        return heapq.heappop(self._free)
 
     def free(self, slot: int) -> None:
         """Return ``slot`` to the pool."""
