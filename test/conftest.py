@@ -61,3 +61,21 @@ def tiny_config() -> Pi05Config:
 @pytest.fixture(scope="session")
 def tiny_model(tiny_config: Pi05Config) -> Pi05Model:
     return make_model(tiny_config)
+
+
+TWO_CAMERAS = ("base_0_rgb", "left_wrist_0_rgb")
+
+
+def random_policy(tmp_path_factory: pytest.TempPathFactory, max_token_len: int = 64, std: float | None = 0.3):
+    """A generated tiny checkpoint (our layout, identity normalisation, a test tokenizer) loaded as a Policy: three
+    camera slots, the first two of them fed by ``TWO_CAMERAS``-named tests. ``std``: the init width (0.3: texts
+    that vary token to token; None: make_random_checkpoint's default)."""
+    from oxygen_ros.policy import load_policy
+    from oxygen_ros.policy.synthetic import make_random_checkpoint
+
+    extra = {} if std is None else {"std": std}
+    path = make_random_checkpoint(tmp_path_factory.mktemp("ckpt"), "tiny", None, tokenizer=True,
+                                  camera_names=(*TWO_CAMERAS, "right_wrist_0_rgb"), max_token_len=max_token_len,
+                                  **extra)
+    return load_policy(path, generated=True)
+

@@ -7,21 +7,20 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
-from conftest import make_model, make_observation
+from conftest import make_model, make_observation, random_policy
 
 from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.requests import Frame, LanguageRequest
-from oxygen_ros.policy import Policy, RawObservation, load_policy
+from oxygen_ros.policy import Policy, RawObservation
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
-from oxygen_ros.policy.synthetic import make_random_checkpoint
+from oxygen_ros.testing.probe import wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
@@ -127,9 +126,7 @@ def test_modes_that_decode_within_the_frame_have_nothing_to_cancel(model, mode) 
 # ---------------------------------------------------------------------------------------------- frame runner
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Policy:
-    path = make_random_checkpoint(tmp_path_factory.mktemp("ckpt"), "tiny", None, tokenizer=True,
-                                  camera_names=(*CAMS, "right_wrist_0_rgb"), max_token_len=64, std=0.3)
-    return load_policy(path, generated=True)
+    return random_policy(tmp_path_factory, max_token_len=64)
 
 
 def raw(i: int) -> RawObservation:
@@ -171,15 +168,6 @@ class Sent:
     feedback: list = field(default_factory=list)
     handle: object = None
     result: object = None  # rclpy Future of the GetResult response
-
-
-def wait_for(predicate, timeout: float, poll: float = 0.02) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if predicate():
-            return True
-        time.sleep(poll)
-    return bool(predicate())
 
 
 class Asker:

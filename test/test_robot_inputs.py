@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import random_policy
 
 pytest.importorskip("rclpy", reason="rclpy is not installed")
 pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
@@ -24,8 +25,7 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E
 from sensor_msgs.msg import JointState  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
-from oxygen_ros.policy import Policy, RawObservation, load_policy  # noqa: E402
-from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
+from oxygen_ros.policy import Policy, RawObservation  # noqa: E402
 from oxygen_ros.ros.diagnostics import ReasonCounter  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
 from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
@@ -45,9 +45,7 @@ MS = 1_000_000
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Policy:
     """A generated tiny checkpoint with a test tokenizer (our layout, identity normalisation)."""
-    path = make_random_checkpoint(tmp_path_factory.mktemp("ckpt"), "tiny", None, tokenizer=True,
-                                  camera_names=(*CAMS, "right_wrist_0_rgb"), max_token_len=128)
-    return load_policy(path, generated=True)
+    return random_policy(tmp_path_factory, max_token_len=128, std=None)
 
 
 class FakeClock:

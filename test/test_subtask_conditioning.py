@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import random_policy
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.policy import Policy, RawObservation, load_policy
+from oxygen_ros.policy import Policy, RawObservation
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
-from oxygen_ros.policy.synthetic import make_random_checkpoint
 
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 SEC = 1_000_000_000
@@ -17,9 +17,7 @@ SEC = 1_000_000_000
 
 @pytest.fixture(scope="module")
 def policy(tmp_path_factory) -> Policy:
-    path = make_random_checkpoint(tmp_path_factory.mktemp("ckpt"), "tiny", None, tokenizer=True,
-                                  camera_names=(*CAMS, "right_wrist_0_rgb"), max_token_len=96, std=0.3)
-    return load_policy(path, generated=True)
+    return random_policy(tmp_path_factory, max_token_len=96)
 
 
 def _runner(policy: Policy, mode: str = "oxygen", condition_on: str = "subtask", k: int = 2) -> FrameRunner:

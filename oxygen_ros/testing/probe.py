@@ -29,7 +29,7 @@ from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.world.synthetic import joint_state, render_scene
 
-__all__ = ["Probe", "Received", "chunk_array", "header_ns", "joint_state_msg"]
+__all__ = ["Probe", "Received", "chunk_array", "header_ns", "joint_state_msg", "wait_for"]
 
 
 def joint_state_msg(names: Sequence[str], positions: Sequence[float], stamp_ns: int) -> JointState:
@@ -50,6 +50,16 @@ class Received:
     diagnostics: dict[str, str] = field(default_factory=dict)  # newest values of the node's status
     diagnostic_level: int = -1
     diagnostic_message: str = ""
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
+    """Poll ``predicate`` until it is true or ``timeout`` seconds pass; its last value."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(poll)
+    return bool(predicate())
 
 
 class Probe:
@@ -170,13 +180,8 @@ class Probe:
             return 0
 
     def wait_for(self, predicate: Callable[[], bool], timeout: float, poll: float = 0.05) -> bool:
-        """Poll ``predicate`` until it is true or ``timeout`` seconds pass."""
-        end = time.monotonic() + timeout
-        while time.monotonic() < end:
-            if predicate():
-                return True
-            time.sleep(poll)
-        return bool(predicate())
+        """Poll ``predicate`` until it is true or ``timeout`` seconds pass (:func:`wait_for`)."""
+        return wait_for(predicate, timeout, poll)
 
     def wait_for_subscribers(self, timeout: float = 10.0) -> bool:
         """Wait until the node subscribes to every camera topic (discovery done)."""
