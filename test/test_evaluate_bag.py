@@ -170,6 +170,21 @@ def test_language_streams_are_reported_per_stream(data: dict[str, Path]) -> None
     assert exact_match(iso["requests"]["items"], tampered["requests"]["items"])["memory"]["exact_match"] == 0.0
 
 
+def test_subtask_conditioned_chunks_name_their_subtask_in_the_out_bag(data: dict[str, Path]) -> None:
+    out = data["root"] / "subtask_eval"
+    # a wider init than the fixture's checkpoint: its texts are not blank (a blank subtask conditions nothing)
+    ckpt = make_random_checkpoint(data["root"] / "ckpt_wide", "tiny", "libero", tokenizer=True, std=0.3)
+    evaluate_bag(data["bag"], out, {**params(data, language_streams=["subtask"], subtask_conditioning="subtask",
+                                             **{"subtask.every_n_frames": 3}), "checkpoint_path": str(ckpt)},
+                 max_frames=12, plots=False, progress=False)
+    ts, _ = typestore.oxygen_typestore()
+    with AnyReader([out / "out_bag"], default_typestore=ts) as reader:
+        subtasks = [reader.deserialize(raw, c.msgtype).subtask for c, _, raw in reader.messages()
+                    if c.topic == ACTION_TOPIC]
+    texts = {t[3].strip() for t in read_outputs(out / "out_bag")[1]}
+    assert subtasks[0] == "" and any(subtasks) and {s for s in subtasks if s} <= texts
+
+
 def test_stale_camera_and_compressed_mcap(data: dict[str, Path]) -> None:
     # 20 Hz ticks over 10 Hz images: every other tick sees a 50 ms old image
     r = evaluate_bag(data["bag"], data["root"] / "stale", params(data, control_rate_hz=20.0, max_image_age_s=0.04),

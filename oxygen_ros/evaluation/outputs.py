@@ -56,11 +56,11 @@ class OutputBag:
         self.writer.write(conn, log_ns, self.ts.serialize_cdr(to_typestore(msg, self.ts), msgtype))
 
     def chunk(self, frame_index: int, stamp_ns: int, log_ns: int, actions: np.ndarray, names: Sequence[str],
-              dt_s: float, latency_s: float) -> None:
+              dt_s: float, latency_s: float, subtask: str = "") -> None:
         """One action chunk [H, D] float32 in robot units, stamped with the observation time ``stamp_ns`` and
-        logged at the tick ``log_ns`` that produced it."""
-        self._write(self.action_conn, log_ns,
-                    make_action_chunk(actions, stamp_ns, frame_index, names, dt_s, latency_s), ACTION_TYPE)
+        logged at the tick ``log_ns`` that produced it (``subtask``: what its prompt was conditioned on)."""
+        self._write(self.action_conn, log_ns, make_action_chunk(actions, stamp_ns, frame_index, names, dt_s,
+                                                                latency_s, subtask=subtask), ACTION_TYPE)
         horizon, dim = actions.shape
         self.actions_hash.update(struct.pack("<qqii", frame_index, stamp_ns, horizon, dim) + actions.tobytes())
         self.num_chunks += 1

@@ -188,7 +188,7 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
         res, chunk = out.result, out.chunk
         log.issued += out.new_requests
         outputs.chunk(res.frame_index, built.stamp_ns, tick_ns, chunk.actions, loaded.action_names, dt_s,
-                      chunk.latency_s)
+                      chunk.latency_s, chunk.subtask)
         for f in res.finished:
             if not f.dropped:
                 outputs.language(f, tick_ns)
