@@ -31,6 +31,7 @@ ACTION_CHUNK_FIELDS = {
     "actions": "sequence<float>",
     "dt": "builtin_interfaces/Duration",
     "inference_latency": "builtin_interfaces/Duration",
+    "subtask": "string",
 }
 
 LANGUAGE_OUTPUT_FIELDS = {
@@ -61,6 +62,7 @@ def make_action_chunk() -> ActionChunk:
     msg.actions = array.array("f", actions.tobytes())
     msg.dt = Duration(sec=0, nanosec=20_000_000)
     msg.inference_latency = Duration(sec=0, nanosec=87_500_000)
+    msg.subtask = "pick up the red block at 13 88"
     return msg
 
 
