@@ -174,7 +174,7 @@ class FrameRunner:
         if condition_on and condition_on not in names:
             raise ValueError(f"subtask conditioning on stream {condition_on!r}, which is not configured ({names})")
         self.condition_on = condition_on
-        self._subtask: tuple[str, str] = ("", "")  # (instruction it was generated for, text)
+        self._subtask: tuple[str, str, int] = ("", "", -1)  # (instruction it was made for, text, origin frame)
         self._subtask_requests: dict[int, str] = {}  # frame index -> instruction of its subtask request
         self.processed = 0
         self._prompt_cache: dict[str, tuple[str, list[int]]] = {}
@@ -194,6 +194,7 @@ class FrameRunner:
             close()
         self.engine = self._factory()
         self._subtask_requests.clear()  # their requests are lost with the engine (frame indices restart)
+        self._subtask = (*self._subtask[:2], -1)
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
@@ -208,7 +209,7 @@ class FrameRunner:
     def subtask(self, instruction: str) -> str:
         """The subtask the next frame's action prompt holds for ``instruction`` ('' without conditioning, before
         the stream's first output, or after the instruction changed)."""
-        made_for, text = self._subtask
+        made_for, text, _ = self._subtask
         return text if self.condition_on and made_for == instruction else ""
 
     def _observe_subtask(self, result: FrameResult) -> None:
@@ -216,9 +217,10 @@ class FrameRunner:
             if f.stream != self.condition_on:
                 continue
             made_for = self._subtask_requests.pop(f.frame_index, None)
-            if made_for is not None and not f.dropped and not getattr(f, "cancelled", False):
+            # the newest observation's subtask wins, even if an older request finishes after it
+            if made_for is not None and not f.dropped and not f.cancelled and f.frame_index > self._subtask[2]:
                 text = f.text if f.text is not None else self.policy.tokenizer.decode(f.tokens)
-                self._subtask = (made_for, text.strip())
+                self._subtask = (made_for, text.strip(), f.frame_index)
 
     def request_tokens(self, instruction: str, stream: LanguageSchedule | None = None) -> list[int]:
         """Prompt tokens of ``stream``'s request for this instruction (cached per stream for a repeated one)."""

@@ -36,7 +36,7 @@ import torch
 
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.modes import ENGINE_MODES
-from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
+from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
 from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import Policy, PreparedObservation, RawObservation, load_policy
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
@@ -76,34 +76,7 @@ class EpisodeResult:
 
 def prepare_with_subtask(policy: Policy, raw: RawObservation, subtask: str | None) -> PreparedObservation:
     """``policy.prepare(raw)`` with the action prompt conditioned on ``subtask`` (None or '': unchanged)."""
-    prepared = policy.prepare(raw)
-    if not subtask:
-        return prepared
-    tok, spec = policy.tokenizer, policy.spec
-    prompt = tok.tokenize_action_prompt(raw.task, prepared.normalized_state, clip_state=spec.clip_state,
-                                        keep_state=policy.keep_state_in_prompt, subtask=subtask)
-    n = prompt.num_tokens
-    obs = dataclasses.replace(prepared.observation, tokens=torch.from_numpy(prompt.ids[:n].copy())[None],
-                              token_mask=torch.from_numpy(prompt.mask[:n].copy())[None])
-    return dataclasses.replace(prepared, observation=obs, prompt_tokens=n, prompt_truncated=prompt.truncated,
-                               instruction_cut=prompt.instruction_cut)
-
-
-class _WithExtraRequests:
-    """An engine whose next ``step`` also starts ``pending`` requests (the frame's question); else the engine."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._engine = engine
-        self.pending: list[LanguageRequest] = []
-
-    def step(self, frame: Frame, *args, **kwargs) -> FrameResult:
-        if self.pending:
-            frame = dataclasses.replace(frame, requests=[*frame.requests, *self.pending])
-            self.pending = []
-        return self._engine.step(frame, *args, **kwargs)
-
-    def __getattr__(self, name: str):
-        return getattr(self._engine, name)
+    return policy.prepare(dataclasses.replace(raw, subtask=subtask or ""))
 
 
 class ClosedLoop:
@@ -127,14 +100,9 @@ class ClosedLoop:
         self.max_new_tokens = max_new_tokens
         engine_cfg = EngineConfig(mode=mode, k=k, eos_id=tok.eos_id, max_new_tokens=max_new_tokens,
                                   max_prompt_tokens=32, num_steps=num_steps or cfg.num_steps)
-        self._injector: _WithExtraRequests | None = None
 
         def factory() -> Engine:
-            engine = build_engine(self.model, engine_cfg, detokenize=tok.decode)
-            if ANSWER in self.tasks:
-                self._injector = _WithExtraRequests(engine)
-                return self._injector  # type: ignore[return-value]
-            return engine
+            return build_engine(self.model, engine_cfg, detokenize=tok.decode)
 
         self._seed, self._frame = 0, 0  # noise is fixed by (episode seed, frame in the episode)
         streams = [LanguageSchedule(1, t, "", max_new_tokens, 32) for t in self.tasks if t != ANSWER]
@@ -190,10 +158,10 @@ class ClosedLoop:
             self._frame = result.frames
             ending = world.done
             question = None
-            if ANSWER in self.tasks and self._injector is not None:
+            if ANSWER in self.tasks:  # the frame's question, admitted after its stream requests
                 question = sample_questions(world, np.random.default_rng([seed, result.frames, self.question_seed]))[0]
-                self._injector.pending = [LanguageRequest(ANSWER, self.max_new_tokens,
-                                                          tok.tokenize_question(question[0]), stream=ANSWER)]
+                self.runner.submit(LanguageRequest(ANSWER, self.max_new_tokens, tok.tokenize_question(question[0]),
+                                                   stream=ANSWER))
             cond = subtask if self.condition else ""
             result.conditioned_frames += int(bool(cond))
             out = self._step(prepare_with_subtask(self.policy, self.raw(obs), cond))
