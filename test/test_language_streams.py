@@ -68,6 +68,30 @@ def test_each_stream_starts_requests_at_its_own_cadence(policy) -> None:
     assert [f.stream for f in first] == ["ask", "memory", "narration"], "admitted by priority, then in order"
 
 
+def test_a_continuous_stream_starts_its_next_request_the_frame_after_the_last_finished(policy) -> None:
+    """k=2: a request (its prompt, then 5 tokens) spans several frames; with one always in flight, the next starts
+    on the frame after the last finished, and never earlier."""
+    tok = policy.tokenizer
+    stream = LanguageSchedule(task="narration", max_new_tokens=5, name="narration", trigger="continuous")
+    runner = FrameRunner(policy, lambda: build_engine(policy.model, EngineConfig(
+        mode="oxygen", num_steps=2, k=2, max_new_tokens=5, max_prompt_tokens=16, eos_id=-1),
+        detokenize=tok.decode), stream, seeded_noise(3))
+    rng = np.random.default_rng(0)
+    started, ended = [], []
+    for i in range(10):
+        raw = RawObservation({c: rng.integers(0, 255, (32, 32, 3), dtype=np.uint8) for c in CAMS},
+                             rng.uniform(-1, 1, 8), "pick up the red block")
+        out = runner.step(raw, stamp_ns=SEC + i * SEC // 10)
+        if out.new_requests:
+            started.append(i)
+        ended += [i for f in out.result.finished if f.stream == "narration"]
+        assert runner.backlog <= 1, "one in flight at a time"
+    assert len(started) >= 3 and started[0] == 0
+    assert started[1:] == [e + 1 for e in ended[:len(started) - 1]]
+    runner.reset()
+    assert runner._due_requests(0, "x"), "a fresh engine has nothing in flight: the stream starts again"
+
+
 def test_oxygen_equals_isolated_on_every_stream_and_the_actions(policy) -> None:
     oxygen, a = run(policy, "oxygen")
     isolated, b = run(policy, "isolated")

@@ -17,7 +17,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -31,7 +31,7 @@ from .policy import Policy, PreparedObservation, RawObservation
 __all__ = ["TRIGGERS", "ChunkOutput", "FrameOutput", "FrameRunner", "LanguageSchedule", "seeded_noise"]
 
 
-TRIGGERS = ("periodic", "on_instruction_change")
+TRIGGERS = ("periodic", "on_instruction_change", "continuous")
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,8 @@ class LanguageSchedule:
     name: the stream's name (LanguageOutput.stream); '' = the task's.
     period_s: a request when at least this much observation time (the frame stamps) passed since the stream's
         last one (0: not timed). With both cadences, either starts one.
-    trigger: periodic (the cadences above) | on_instruction_change (one request for each new instruction).
+    trigger: periodic (the cadences above) | on_instruction_change (one request for each new instruction) |
+        continuous (the next request on the frame after the last one finished: one always in flight).
     priority: streams starting on the same frame are admitted in descending priority (ties: configured order),
         so under a full pool with reject_newest the higher-priority request gets the slot; under ``k=auto`` the
         frame's spare decode time goes to higher-priority rows first (every row still advances each frame).
@@ -81,7 +82,7 @@ class LanguageSchedule:
     @property
     def active(self) -> bool:
         """Whether it ever starts a request."""
-        return self.trigger == "on_instruction_change" or self.every_n_frames > 0 or self.period_s > 0
+        return self.trigger != "periodic" or self.every_n_frames > 0 or self.period_s > 0
 
 
 class _StreamClock:
@@ -91,11 +92,14 @@ class _StreamClock:
         self.schedule = schedule
         self.last_stamp_ns: int | None = None
         self.last_instruction: str | None = None
+        self.in_flight = 0  # its requests not finished (or rejected) yet
 
     def due(self, processed: int, stamp_ns: int, instruction: str) -> bool:
         s = self.schedule
         if s.trigger == "on_instruction_change":
             return bool(instruction) and instruction != self.last_instruction
+        if s.trigger == "continuous":
+            return self.in_flight == 0
         if s.every_n_frames and processed % s.every_n_frames == 0:
             return True
         return s.period_s > 0 and (self.last_stamp_ns is None
@@ -103,6 +107,10 @@ class _StreamClock:
 
     def started(self, stamp_ns: int, instruction: str) -> None:
         self.last_stamp_ns, self.last_instruction = stamp_ns, instruction
+        self.in_flight += 1
+
+    def ended(self, count: int = 1) -> None:
+        self.in_flight = max(self.in_flight - count, 0)
 
 
 @dataclass
@@ -127,6 +135,7 @@ class FrameOutput:
     prepared: PreparedObservation
     preprocess_s: float
     new_requests: int
+    requests: list[LanguageRequest] = field(default_factory=list)  # the ones this frame started (admitted or not)
 
 
 def seeded_noise(seed: int) -> Callable[[int, int, int], torch.Tensor]:
@@ -194,6 +203,8 @@ class FrameRunner:
             close()
         self.engine = self._factory()
         self._subtask_requests.clear()  # their requests are lost with the engine (frame indices restart)
+        for clock in self._clocks:
+            clock.in_flight = 0
         self._subtask = (*self._subtask[:2], -1)
 
     def close(self) -> None:
@@ -265,6 +276,12 @@ class FrameRunner:
             self.engine.cancel(tag)
         return sorted(due + submitted, key=lambda r: -r.priority) if submitted else due
 
+    def _count_ended(self, result: FrameResult) -> None:
+        """Streams whose requests finished or were refused this frame (a stream request's tag is its clock)."""
+        for tag in [f.tag for f in result.finished] + [r.tag for r, _ in result.rejected_requests]:
+            if isinstance(tag, _StreamClock):
+                tag.ended()
+
     def _due_requests(self, stamp_ns: int, instruction: str) -> list[LanguageRequest]:
         """The requests this frame starts: every due stream's, in admission order."""
         stamp = stamp_ns or time.monotonic_ns()  # unstamped (offline) frames: the wall clock times period_s
@@ -273,7 +290,8 @@ class FrameRunner:
             if clock.due(self.processed, stamp, instruction):
                 s = clock.schedule
                 requests.append(LanguageRequest(s.task, s.max_new_tokens, list(self.request_tokens(instruction, s)),
-                                                stream=s.stream, priority=s.priority, adapter=s.adapter))
+                                                stream=s.stream, priority=s.priority, adapter=s.adapter,
+                                                tag=clock))
                 clock.started(stamp, instruction)
         return requests
 
@@ -312,10 +330,11 @@ class FrameRunner:
 
         result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns), on_actions=handle)
         self.processed += 1
+        self._count_ended(result)
         if self.condition_on:
             if any(r.stream == self.condition_on for r in requests):
                 self._subtask_requests[index] = instruction or ""
             self._observe_subtask(result)
         if not out:  # engines always call back; keep the contract even if one did not
             handle(result.frame_index, result.actions)
-        return FrameOutput(out[0], result, prepared, t_prep - t0, len(requests))
+        return FrameOutput(out[0], result, prepared, t_prep - t0, len(requests), requests)
