@@ -105,10 +105,14 @@ def test_pool_reuse_over_many_frames(model: Pi05Model) -> None:
 def test_toy_model_drafts_are_mostly_accepted() -> None:
     from oxygen_ros.bench.speculation import toy_memory_stream
 
-    res = toy_memory_stream(episodes=2, k=5, max_new_tokens=16, speculate=8)
-    assert res["identical_texts"] and res["same_chunks"] and res["on"]["requests"] >= 8
-    assert res["on"]["acceptance_rate"] >= 0.5
-    assert res["on"]["latency_frames_mean"] < res["off"]["latency_frames_mean"]
+    # every frame: the same requests for both; continuous: "on" finishes sooner, so it starts more requests (its
+    # texts checked against the same requests replayed without speculation)
+    for workload in ("every_frame", "continuous"):
+        res = toy_memory_stream(episodes=2, k=5, max_new_tokens=16, speculate=8, workload=workload)
+        assert res["identical_texts"] and res["same_chunks"] and res["on"]["requests"] >= 8, workload
+        assert res["on"]["acceptance_rate"] >= 0.4, workload
+        assert res["latency_frames_ratio"] < 0.75, workload
+    assert res["on"]["requests"] > res["off"]["requests"] and res["on"]["tokens"] > 1.5 * res["off"]["tokens"]
 
 
 def _state(prompt: list[int], tokens: list[int], max_new: int = 8, fed: int | None = None) -> RequestState:

@@ -3,12 +3,19 @@
 Both engines see every frame's observation (alternating which goes first); speculation touches language only, so
 their action chunks are identical and one world is driven by them. Reported per variant: language tokens / s of
 engine time and of decode time, mean request latency in frames and seconds, decode forwards, the acceptance rate,
-and whether the texts are identical. With one request per frame, tokens / s of engine time is bounded by the
-arrival rate (N tokens a frame): speculation shows in latency, decode time and frame time.
+and whether the texts are identical.
+
+Workloads: ``continuous`` (default): the stream keeps one request in flight, the next starting on the frame after
+the last finished, so tokens / s measures what decoding delivers (faster requests, more of them). Since the two
+variants then start requests on different frames, a third engine without speculation is given exactly the
+speculating engine's requests, frame for frame, and its texts are the reference. ``every_frame``: a request on
+every frame, the same requests for both (tokens / s is then bounded by the arrival rate; speculation shows in
+latency, decode time and frame time).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import time
 from pathlib import Path
@@ -25,26 +32,42 @@ from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
 FIRST_SEED = 2_000_000
 
 
-def _runner(policy, k: int, max_new_tokens: int, speculate: int, noise) -> FrameRunner:
+WORKLOADS = ("continuous", "every_frame")
+
+
+def _stream(workload: str, max_new_tokens: int) -> LanguageSchedule:
+    if workload not in WORKLOADS:
+        raise ValueError(f"workload must be one of {WORKLOADS}, got {workload!r}")
+    if workload == "continuous":
+        return LanguageSchedule(0, "memory", "", max_new_tokens, 32, trigger="continuous")
+    return LanguageSchedule(1, "memory", "", max_new_tokens, 32)
+
+
+def _runner(policy, k: int, max_new_tokens: int, speculate: int, noise,
+            stream: LanguageSchedule | None) -> FrameRunner:
     tok = policy.tokenizer
     cfg = EngineConfig(mode="oxygen", k=k, eos_id=tok.eos_id, max_new_tokens=max_new_tokens, speculate=speculate,
                        num_steps=policy.model.config.num_steps)
-    return FrameRunner(policy, lambda: build_engine(policy.model, cfg, detokenize=tok.decode),
-                       LanguageSchedule(1, "memory", "", max_new_tokens, 32), noise=noise)
+    return FrameRunner(policy, lambda: build_engine(policy.model, cfg, detokenize=tok.decode), stream, noise=noise)
 
 
 def toy_memory_stream(episodes: int = 4, k: int = 5, max_new_tokens: int = 16, speculate: int = 8,
-                      model_dir: Path = TOY_MODEL_DIR, first_seed: int = FIRST_SEED, max_steps: int = 200) -> dict:
-    """Run ``episodes`` toy episodes with a memory request every frame through two engines (speculate 0 and
+                      model_dir: Path = TOY_MODEL_DIR, first_seed: int = FIRST_SEED, max_steps: int = 200,
+                      workload: str = "continuous") -> dict:
+    """Run ``episodes`` toy episodes with a memory stream (``workload``) through two engines (speculate 0 and
     ``speculate``); the record of each and whether their texts and chunks agree."""
     policy = load_policy(model_dir)
+    stream = _stream(workload, max_new_tokens)
     state = {"seed": 0, "frame": 0}
 
     def noise(_i: int, h: int, a: int) -> torch.Tensor:
         return episode_noise(state["seed"], state["frame"], h, a)
 
     names = ("off", "on")
-    runners = {n: _runner(policy, k, max_new_tokens, speculate if n == "on" else 0, noise) for n in names}
+    runners = {n: _runner(policy, k, max_new_tokens, speculate if n == "on" else 0, noise, stream) for n in names}
+    # continuous: the requests of "on", replayed without speculation on the same frames (the texts' reference)
+    check = _runner(policy, k, max_new_tokens, 0, noise, None) if workload == "continuous" else None
+    checked: dict[int, str] = {}
     engine_s = dict.fromkeys(names, 0.0)
     decode_s = dict.fromkeys(names, 0.0)
     forwards = dict.fromkeys(names, 0)
@@ -70,6 +93,10 @@ def toy_memory_stream(episodes: int = 4, k: int = 5, max_new_tokens: int = 16, s
             raw = RawObservation({c: obs.images[c] for c in CAMERAS}, obs.state, obs.instruction)
             order = names if (frames % 2 == 0) else names[::-1]
             outs = {n: step(n, raw) for n in order}
+            if check is not None:
+                for r in outs["on"].requests:  # the same requests on the same frame, without speculation
+                    check.submit(dataclasses.replace(r, tag=None))
+                checked.update(_texts_of(check.step(raw, start_language=False)))
             frames += 1
             same_chunks &= bool((outs["off"].chunk.actions == outs["on"].chunk.actions).all())
             if world.done:
@@ -79,8 +106,15 @@ def toy_memory_stream(episodes: int = 4, k: int = 5, max_new_tokens: int = 16, s
     for n in names:  # finish what is in flight
         while runners[n].backlog:
             step(n, outs[n].prepared, language=False)
+    if check is not None:
+        while check.backlog:
+            checked.update(_texts_of(check.step(outs["on"].prepared, start_language=False)))
+        on = {i: v[0] for i, v in finished["on"].items()}
+        identical = bool(on) and checked == on  # request ids count alike: the same requests in the same order
+    else:
+        identical = _texts(finished)
     res = {"episodes": episodes, "frames": frames, "k": k, "max_new_tokens": max_new_tokens, "speculate": speculate,
-           "same_chunks": same_chunks, "identical_texts": _texts(finished)}
+           "workload": workload, "same_chunks": same_chunks, "identical_texts": identical}
     for n in names:
         eng = runners[n].engine
         done = finished[n].values()
@@ -100,6 +134,10 @@ def toy_memory_stream(episodes: int = 4, k: int = 5, max_new_tokens: int = 16, s
     res["latency_frames_ratio"] = res["on"]["latency_frames_mean"] / res["off"]["latency_frames_mean"]
     res["created"] = time.strftime("%Y-%m-%d %H:%M:%S")
     return res
+
+
+def _texts_of(out) -> dict[int, str]:
+    return {f.request_id: f.text for f in out.result.finished}
 
 
 def _texts(finished: dict[str, dict[int, tuple[str, int, float]]]) -> bool:
