@@ -39,7 +39,8 @@ class OneDNNLinear(nn.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        if x.numel() > MAX_ROWS * self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled():
+        if (x.numel() > MAX_ROWS * self.in_features or x.dtype != torch.float32 or torch.is_grad_enabled()
+                or torch.compiler.is_compiling()):  # a compiler plans its own kernels
             return super().forward(x)  # many rows (prefill): MKL's GEMM is already efficient
         y = torch._C._nn.mkldnn_linear(x.reshape(-1, x.shape[-1]).to_mkldnn(), self._packed, self._packed_bias)
         return y.to_dense().view(*lead, self.out_features)

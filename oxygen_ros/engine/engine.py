@@ -223,6 +223,8 @@ class Engine:
                 batch = sched.schedule(k)
                 if batch is None:
                     break
+                if (hi := self.runner.static_rows(batch)) is not None:
+                    batch = sched.widen(batch, hi)
                 inputs = self.runner.prepare_decode(batch)
             t_step = time.perf_counter()
             with sw("decode"):

@@ -168,14 +168,28 @@ def time_conditioning(model: Pi05Model, head: HeadParts, times: list[float]) -> 
 def denoise(model: Pi05Model, prefix: Prefix, cache: KVCache, noise: torch.Tensor, num_steps: int,
             head: HeadParts) -> torch.Tensor:
     """Flow-matching Euler sampling from a cached prefix (see ``Pi05Model.denoise``)."""
+    rows, p = prefix.rows, prefix.length
+    ks, vs = cache.layer_views(rows)
+    conds = time_conditioning(model, head, model.denoise_times(num_steps))
+    rope = RopeTable.get(model, int(prefix.num_valid.max()) + head.horizon)
+    return denoise_kv(model, head, ks, vs, cache.valid[rows, :p], prefix.num_valid, noise, conds, rope)
+
+
+def denoise_kv(model: Pi05Model, head: HeadParts, ks: list[torch.Tensor], vs: list[torch.Tensor],
+               valid: torch.Tensor, num_valid: torch.Tensor, noise: torch.Tensor, conds: list[list[Norm]],
+               rope: RopeTable) -> torch.Tensor:
+    """The S-step loop (one step per entry of ``conds``, :func:`time_conditioning`) over per-layer K/V
+    [B, Hkv, >= P + H, D] whose first P = ``valid.shape[1]`` positions hold the prefix (``valid`` [B, P] marks its
+    tokens, ``num_valid`` [B] counts them); the action tokens' K/V go to [P, P + H). Shapes depend only on the
+    arguments' shapes and nothing syncs with the host: the captured graph runs exactly this (``graphs.py``)."""
     stack = head.stack
     fs, g = stack.fused(), stack.cfg
-    rows, p, h_len = prefix.rows, prefix.length, head.horizon
-    b, dev = prefix.num_valid.shape[0], noise.device
-    cos, sin = rope_tables(model, prefix.num_valid[:, None] + torch.arange(h_len, device=dev))
-    valid = torch.cat([cache.valid[rows, :p], torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
-    mask = additive_mask(valid[:, None, :].expand(b, h_len, p + h_len), g.num_heads // g.num_kv_heads, model.dtype)
-    ks, vs = cache.layer_views(rows)
+    h_len = head.horizon
+    b, p = valid.shape
+    dev = noise.device
+    cos, sin = rope.lookup(num_valid[:, None] + torch.arange(h_len, device=dev))
+    full = torch.cat([valid, torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
+    mask = additive_mask(full[:, None, :].expand(b, h_len, p + h_len), g.num_heads // g.num_kv_heads, model.dtype)
     k_scr, v_scr = [k[:, :, p:p + h_len] for k in ks], [v[:, :, p:p + h_len] for v in vs]
     k_all, v_all = [k[:, :, :p + h_len] for k in ks], [v[:, :, :p + h_len] for v in vs]
 
@@ -184,8 +198,7 @@ def denoise(model: Pi05Model, prefix: Prefix, cache: KVCache, noise: torch.Tenso
         v_scr[i].copy_(v.transpose(1, 2))
         return sdpa(g, q, k_all[i], v_all[i], mask)
 
-    conds = time_conditioning(model, head, model.denoise_times(num_steps))
-    dt = -1.0 / num_steps
+    dt = -1.0 / len(conds)
     x_t = noise.float()
     in_dtype, out_dtype = head.action_in_proj.weight.dtype, head.action_out_proj.weight.dtype
     for norms in conds:
@@ -197,18 +210,20 @@ def denoise(model: Pi05Model, prefix: Prefix, cache: KVCache, noise: torch.Tenso
 
 
 def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
-                  write_index: torch.Tensor, attn_len: int, lora: LoraAdapter | None = None) -> torch.Tensor:
+                  write_index: torch.Tensor, attn_len: int, lora: LoraAdapter | None = None,
+                  rope: RopeTable | None = None) -> torch.Tensor:
     """Advance B sequences by T tokens each in one forward; logits [B, T, V] (float32).
 
     tokens/positions/write_index are [B, T]: token j of row b has RoPE position positions[b, j] and writes its K/V
     at cache index write_index[b, j] (< attn_len); it attends to the row's valid cache positions in [0, attn_len)
     and to the row's tokens 0..j of this forward. ``cache.valid`` is not changed: the caller marks what it keeps.
+    ``rope``: a table covering every position (else one is looked up, which reads the largest position back).
     """
     stack = model.backbone
     fs, g = stack.fused(), stack.cfg
     b, t = tokens.shape
     dev = tokens.device
-    cos, sin = rope_tables(model, positions)
+    cos, sin = rope_tables(model, positions) if rope is None else rope.lookup(positions)
     slots = torch.arange(attn_len, device=dev)
     new = (slots[None, None, :] == write_index[:, :, None]).cumsum(1) > 0  # [B, T, L]: tokens 0..j of the row
     mask = additive_mask(cache.valid[rows, None, :attn_len] | new, g.num_heads // g.num_kv_heads, model.dtype)

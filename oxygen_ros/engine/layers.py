@@ -108,6 +108,8 @@ class GemmaStack(nn.Module):
         if pack is not None:
             self.__dict__["_pack"] = pack
         fs = self.__dict__.get("_fused")
+        if fs is not None and torch.compiler.is_compiling():
+            return fs  # a traced step (graphs.py) runs on the weights fused before tracing; no pointer checks
         packed = self.__dict__.get("_pack", False)
         if refresh or fs is None or not fs.valid(self) or packed != fs.packed:
             fs = self.__dict__["_fused"] = FusedStack.build(self, packed)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .graphs import FrameGraphs, resolve_backend
 from .kv_cache import KVCache
 from .lora import LoraAdapter, LoraSet, batch_lora
 from .model import Pi05Model, Prefix
@@ -51,6 +52,9 @@ class ModelRunner:
         # + speculate: a row's drafts (and the padding of shorter rows) may run past its last real position
         length = cfg.max_prefix_len + longest + config.speculate
         self.cache = KVCache(cfg, num_slots, length, dtype=model.dtype, device=model.device)
+        backend = resolve_backend(config.graphs, model.device)
+        # static-shape / captured denoise and decode steps (graphs.py); None: eager
+        self.graphs = FrameGraphs(model, self.cache, self.heads, self.num_steps, backend) if backend != "off" else None
 
     @property
     def device(self) -> torch.device:
@@ -81,6 +85,11 @@ class ModelRunner:
         """One [H, A] chunk per action head, each denoised from ``prefix`` (read-only); ``noise`` is one tensor for
         every head or one per head."""
         noises = noise if isinstance(noise, list | tuple) else [noise] * len(self.heads)
+        if self.graphs is not None and self.graphs.covers_prefix(prefix):
+            dev = self.device
+            noises = [torch.randn(1, h.horizon, h.action_in_proj.in_features, device=dev) if n is None else n
+                      for h, n in zip(self.heads, noises, strict=True)]
+            return self.graphs.denoise(prefix, noises)
         return [self.model.denoise(prefix, self.cache, n, self.num_steps, head)[0]
                 for head, n in zip(self.heads, noises, strict=True)]
 
@@ -165,8 +174,17 @@ class ModelRunner:
         for slot, start, count in kept:
             self.cache.valid[slot, start:start + count] = True
 
+    def static_rows(self, batch: DecodeBatch) -> int | None:
+        """The slot count ``[0, n)`` a static decode step would widen ``batch`` to (None: it runs eagerly, as
+        without graphs or with LoRA rows)."""
+        if self.graphs is None or any(self.adapter_of(r.request) is not None for r in batch.active):
+            return None
+        return self.graphs.decode_bucket(batch.lo + len(batch.rows))
+
     def run_decode(self, inputs: DecodeInputs) -> list[int]:
         """One batched decode forward, in place in the cache; the greedy next token of every row."""
+        if self.graphs is not None and inputs.lora is None and self.graphs.covers(inputs.rows):
+            return self.graphs.decode(inputs.rows, inputs.tokens, inputs.positions, inputs.write_index)
         logits = self.model.decode_step(self.cache, inputs.rows, inputs.tokens, inputs.positions, inputs.write_index,
                                         inputs.attn_len, inputs.lora)
         return logits.argmax(-1).tolist()

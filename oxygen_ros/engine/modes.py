@@ -39,6 +39,7 @@ MODE_SPECS: dict[str, ModeSpec] = {
 ENGINE_MODES: tuple[str, ...] = tuple(MODE_SPECS)
 NODE_MODES: tuple[str, ...] = ("oxygen", "isolated", "shared_kv")  # the ROS node runs one model copy
 OVERFLOW_POLICIES: tuple[str, ...] = ("reject_newest", "drop_oldest")
+GRAPH_BACKENDS = ("off", "static", "cuda", "compile", "auto")  # EngineConfig.graphs (graphs.py)
 UNBOUNDED = 1 << 30  # decode budget of the modes that run each request to completion
 
 
@@ -58,6 +59,9 @@ class EngineConfig:
     # d: speculative draft tokens a row may carry per decode forward (exact, greedy verification; 0 = off). The
     # drafts come from the engine's DraftSource (default: each stream's last finished output, speculative.py).
     speculate: int = 0
+    # static shapes / captured graphs for the denoise loop and the decode step (graphs.py): off (eager, the
+    # reference) | static | cuda | compile | auto (cuda on a CUDA device, else off)
+    graphs: str = "off"
 
     def validate(self) -> None:
         """Raise ``ValueError`` on an unknown mode or overflow policy or a non-positive size."""
@@ -69,6 +73,8 @@ class EngineConfig:
             raise ValueError("num_steps, max_inflight and max_new_tokens must be >= 1")
         if self.speculate < 0:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
+        if self.graphs not in GRAPH_BACKENDS:
+            raise ValueError(f"graphs must be one of {GRAPH_BACKENDS}, got {self.graphs!r}")
 
     @property
     def spec(self) -> ModeSpec:

@@ -281,6 +281,11 @@ class Scheduler:
         hi = max(r.slot for r in active) + 1
         return DecodeBatch(lo, [by_slot.get(s) for s in range(lo, hi)], active)
 
+    def widen(self, batch: DecodeBatch, hi: int) -> DecodeBatch:
+        """The same forward over slots ``[0, hi)`` (a static-shape step): the extra slots are idle rows."""
+        by_slot = {r.slot: r for r in self.inflight}
+        return DecodeBatch(0, [by_slot.get(s) for s in range(hi)], batch.active)
+
     def observe(self, batch: DecodeBatch, seconds: float) -> None:
         """Feed the measured time of a decode forward to the budget controller."""
         self.budget.observe(len(batch.rows), seconds)

@@ -1,0 +1,180 @@
+"""Static shapes and captured graphs for a frame's hot loops: the S-step denoise and the batched decode step.
+
+Both loops launch thousands of small kernels per frame; at robot batch sizes that launch cost, not the
+arithmetic, is the frame time on a GPU. Here each loop runs with shapes fixed in advance, so it can be captured
+once and replayed:
+
+- **denoise**, per action head: the frame's prefix K/V is copied from its cache slot into a staging buffer of the
+  model's longest prefix (positions past this frame's prefix masked), and the whole S-step loop
+  (``fast_path.denoise_kv``) runs over it, its time conditioning computed once at construction;
+- **decode**, per batch-size bucket (1, 2, 4, ... and the pool size): one step over cache slots ``[0, bucket)``
+  attending over the whole slot length (invalid positions masked), inputs copied into persistent tensors, the
+  greedy tokens sampled inside. Slots the frame does not advance run as idle rows, as in the eager batch.
+
+Backends (``EngineConfig.graphs``): ``static`` runs the static-shape code eagerly (the CPU reference of what is
+captured), ``cuda`` captures a CUDA graph per bucket on first use (the step is idempotent, so the warm-up run is a
+real one) and replays it, ``compile`` runs it through ``torch.compile`` (static shapes, one graph per bucket).
+Forwards these shapes do not cover run eagerly: LoRA rows, speculative multi-token rows, batches of several
+observations. Eager (``graphs='off'``) stays the reference; the tests hold every backend to it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from . import fast_path
+from .fast_path import RopeTable
+from .kv_cache import KVCache
+from .modes import GRAPH_BACKENDS
+from .parts import HeadParts, Prefix
+
+
+def resolve_backend(backend: str, device: torch.device) -> str:
+    """``auto``: captured CUDA graphs on CUDA, eager elsewhere; ``cuda`` needs a CUDA device."""
+    if backend not in GRAPH_BACKENDS:
+        raise ValueError(f"graphs must be one of {GRAPH_BACKENDS}, got {backend!r}")
+    if backend == "auto":
+        return "cuda" if device.type == "cuda" else "off"
+    if backend == "cuda" and device.type != "cuda":
+        raise ValueError(f"graphs='cuda' captures CUDA graphs: the model is on {device}")
+    return backend
+
+
+def decode_buckets(num_slots: int) -> list[int]:
+    """Batch sizes with a graph of their own: powers of two below the pool size, and the pool size."""
+    sizes, b = [], 1
+    while b < num_slots:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, num_slots]
+
+
+class _Replay:
+    """One static-shape function behind a backend: called directly, compiled, or captured and replayed."""
+
+    def __init__(self, fn: Callable[[], torch.Tensor], backend: str, pool: object | None) -> None:
+        self.fn, self.backend, self.pool = fn, backend, pool
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.out: torch.Tensor | None = None
+        if backend == "compile":
+            self.fn = torch.compile(fn, dynamic=False, fullgraph=True)
+
+    @torch.no_grad()
+    def __call__(self) -> torch.Tensor:
+        if self.backend != "cuda":
+            return self.fn()
+        if self.graph is None:
+            self._capture()
+        self.graph.replay()
+        return self.out
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self.fn()  # warm-up (lazy inits, autotuning) outside the capture; idempotent
+        torch.cuda.current_stream().wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, pool=self.pool):
+            self.out = self.fn()
+
+
+class FrameGraphs:
+    """The static-shape denoise (one per action head) and decode steps (one per bucket) of one engine's pool."""
+
+    def __init__(self, model, cache: KVCache, heads: list[HeadParts], num_steps: int, backend: str) -> None:
+        self.backend = resolve_backend(backend, model.device)
+        if self.backend == "off":
+            raise ValueError("FrameGraphs needs a backend other than 'off'")
+        if self.backend == "compile":
+            cfg = torch._dynamo.config
+            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+            setattr(cfg, limit, max(getattr(cfg, limit), 64))
+        self.model, self.cache = model, cache
+        g, dev = model.config.backbone, model.device
+        self.prefix_len = model.config.max_prefix_len
+        horizon = max(h.horizon for h in heads)
+        self.rope = RopeTable(g, max(cache.max_len, self.prefix_len + horizon), model.dtype, dev)
+        self.pool = torch.cuda.graph_pool_handle() if self.backend == "cuda" else None
+        # staging K/V of one prefix + the action scratch, shared by the heads (they run one after another)
+        shape = (g.depth, 1, g.num_kv_heads, self.prefix_len + horizon, g.head_dim)
+        self.stage_k = torch.zeros(shape, dtype=cache.k.dtype, device=dev)
+        self.stage_v = torch.zeros(shape, dtype=cache.v.dtype, device=dev)
+        self.stage_valid = torch.zeros(1, self.prefix_len, dtype=torch.bool, device=dev)
+        self.num_valid = torch.zeros(1, dtype=torch.long, device=dev)
+        self.noise = [torch.zeros(1, h.horizon, h.action_in_proj.in_features, device=dev) for h in heads]
+        self._denoise = [self._denoise_fn(i, h, num_steps) for i, h in enumerate(heads)]
+        self.buckets = decode_buckets(cache.num_slots)
+        self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in self.buckets}
+        self._decode = {b: _Replay(self._decode_fn(b), self.backend, self.pool) for b in self.buckets}
+
+    # ------------------------------------------------------------------------------------------ denoise
+    def _denoise_fn(self, i: int, head: HeadParts, num_steps: int) -> _Replay:
+        model = self.model
+        with torch.no_grad():  # t is known in advance: every step's adaRMS scale / shift / gate, once
+            conds = fast_path.time_conditioning(model, head, model.denoise_times(num_steps))
+        depth = self.stage_k.shape[0]  # per-layer views (select, not unbind: they are written in place)
+        ks, vs = [self.stage_k[j] for j in range(depth)], [self.stage_v[j] for j in range(depth)]
+        n_layers = head.stack.cfg.depth
+
+        def run() -> torch.Tensor:
+            return fast_path.denoise_kv(model, head, ks[:n_layers], vs[:n_layers], self.stage_valid, self.num_valid,
+                                        self.noise[i], conds, self.rope)
+
+        return _Replay(run, self.backend, self.pool)
+
+    def covers_prefix(self, prefix: Prefix) -> bool:
+        """Whether ``prefix`` is one observation that fits the staging buffer."""
+        return prefix.rows.stop - prefix.rows.start == 1 and prefix.length <= self.prefix_len
+
+    @torch.no_grad()
+    def denoise(self, prefix: Prefix, noises: list[torch.Tensor]) -> list[torch.Tensor]:
+        """One [H, A] chunk per head from a one-observation ``prefix`` (its slot is only read)."""
+        slot, p = prefix.rows.start, prefix.length
+        c = self.cache
+        self.stage_k[:, :, :, :p].copy_(c.k[:, slot:slot + 1, :, :p])
+        self.stage_v[:, :, :, :p].copy_(c.v[:, slot:slot + 1, :, :p])
+        self.stage_valid.zero_()
+        self.stage_valid[:, :p].copy_(c.valid[slot:slot + 1, :p])
+        self.num_valid.copy_(prefix.num_valid)
+        chunks = []
+        for run, static, noise in zip(self._denoise, self.noise, noises, strict=True):
+            static.copy_(noise)
+            chunks.append(run()[0].clone())  # the static output is overwritten by the next frame
+        return chunks
+
+    # ------------------------------------------------------------------------------------------ decode
+    def _decode_fn(self, b: int) -> Callable[[], torch.Tensor]:
+        model, cache, rope = self.model, self.cache, self.rope
+        inputs = self._inputs[b]
+        rows = slice(0, b)
+        ar = torch.arange(b, device=inputs.device)
+
+        def run() -> torch.Tensor:
+            tokens, positions, writes = inputs[0], inputs[1], inputs[2]
+            cache.valid[rows][ar, writes] = True
+            logits = fast_path.decode_tokens(model, cache, rows, tokens[:, None], positions[:, None], writes[:, None],
+                                             cache.max_len, None, rope)
+            return logits[:, 0].argmax(-1)
+
+        return run
+
+    def decode_bucket(self, hi: int) -> int:
+        """The smallest bucket covering slots ``[0, hi)``."""
+        return next(b for b in self.buckets if b >= hi)
+
+    def covers(self, rows: slice) -> bool:
+        """Whether a decode over ``rows`` is one of the static steps (slots ``[0, bucket)``)."""
+        return rows.start == 0 and rows.stop in self._decode
+
+    def decode(self, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
+               write_index: torch.Tensor) -> list[int]:
+        """One decode step over slots ``rows`` (a bucket, :meth:`covers`): the greedy next token of every row."""
+        b = rows.stop
+        x = self._inputs[b]
+        x[0].copy_(tokens)
+        x[1].copy_(positions)
+        x[2].copy_(write_index)
+        return self._decode[b]().tolist()  # the frame's one host synchronisation per forward
