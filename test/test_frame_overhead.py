@@ -11,13 +11,16 @@ from oxygen_ros.bench.runner import frame_statistics
 def test_frame_overhead_cli_writes_json_table_and_plot(tmp_path) -> None:
     out = tmp_path / "fo"
     main(["--config", "tiny", "--batches", "1", "3", "--repeats", "1", "--N", "4", "--k", "1", "2", "--frames", "2",
-          "--episodes", "0", "--speculate", "3", "--out", str(out)])
+          "--episodes", "0", "--speculate", "3", "--graphs", "static", "--engine-graphs", "static", "--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     assert set(res["stages"]) == {"prefill", "denoise", "decode_B1", "decode_B3"}
     for s in res["stages"].values():
         assert s["fused_ops"] < s["eager_ops"] and s["speedup"] > 0 and len(s["samples"]["fused"]) == 1
-    assert [(p["engine"], p["k"], p["speculate"]) for p in res["points"]] == [
-        ("isolated", 1, 0), ("oxygen", 1, 0), ("oxygen", 2, 0), ("oxygen", 2, 3)]
+    assert all("graphs_s" in s and s["graphs_speedup"] > 0 for n, s in res["stages"].items() if n != "prefill")
+    assert res["stages"]["decode_B3"]["graphs_bucket"] == 3, "a pool of 3 slots: buckets 1, 2, 3"
+    assert [(p["engine"], p["k"], p["speculate"], p["graphs"]) for p in res["points"]] == [
+        ("isolated", 1, 0, "off"), ("oxygen", 1, 0, "off"), ("oxygen", 2, 0, "off"), ("oxygen", 2, 3, "off"),
+        ("oxygen", 2, 0, "static")]
     assert all(p["speedup_vs_isolated_median"] > 0 and p["host_stalls"] >= 0 for p in res["points"])
     assert "| denoise |" in (out / "summary.md").read_text()
     assert (out / "frame_overhead.png").stat().st_size > 0

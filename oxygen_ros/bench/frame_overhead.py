@@ -1,8 +1,11 @@
 """The overhead-free frame, measured side by side in one run (``python -m oxygen_ros.bench.frame_overhead``):
 
-1. fused vs eager stages on one model (prefill, S-step denoise, decode steps at B = 1, 6, 30), interleaved;
-2. ``oxygen`` vs ``isolated`` at N = 30 (k = 1, 5), frames interleaved, mean- and median-based;
-3. speculative decoding on vs off on the toy model's closed loop (memory stream).
+1. fused vs eager stages on one model (prefill, S-step denoise, decode steps at B = 1, 6, 30), interleaved, and
+   the static-shape steps of ``engine/graphs.py`` (``--graphs``: CUDA graphs on CUDA, torch.compile on CPU);
+2. ``oxygen`` vs ``isolated`` at N = 30 (k = 1, 5), frames interleaved, mean- and median-based, plus ``oxygen``
+   at the last k with speculation on and with graphs on (``--engine-graphs``);
+3. speculative decoding on vs off on the toy model's closed loop (memory stream, continuous: one request always
+   in flight, so tokens / s is what decoding delivers).
 
 Writes ``results.json``, ``summary.md`` and ``frame_overhead.png`` into ``--out``.
 """
@@ -29,13 +32,22 @@ from oxygen_ros.engine.workload import Workload
 TARGETS = {"denoise": 2.5, "decode": 1.3, "prefill": 1.0}
 
 
+def default_graphs(device: torch.device, engine: bool) -> str:
+    """CUDA graphs on CUDA; on CPU torch.compile for the stages and plain static shapes for the engine point (each
+    engine would compile its own steps again: minutes per point on a small CPU)."""
+    return "cuda" if device.type == "cuda" else ("static" if engine else "compile")
+
+
 def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: list[int], frames: int,
         episodes: int, speculate: int, onednn: bool = True, device: str = "cpu", dtype: str | None = None,
-        precision: str | None = None) -> dict:
+        precision: str | None = None, graphs: str | None = None, engine_graphs: str | None = None) -> dict:
     """All three measurements; the ``results.json`` dict. With ``speculate``, the engine points also include
     ``oxygen`` at the last k with speculation on: random weights reject nearly every draft, so that point measures
-    what speculation costs when it cannot help."""
+    what speculation costs when it cannot help. ``graphs`` / ``engine_graphs``: the backend of the stages' graphs
+    variant and of the extra engine point (None: :func:`default_graphs`; 'off': none)."""
     device = torch.device(device)
+    graphs = graphs or default_graphs(device, engine=False)
+    engine_graphs = engine_graphs or default_graphs(device, engine=True)
     model, onednn = build_model(config, preset, device, resolve_dtype(dtype, device), onednn=onednn)
     if precision:  # e.g. bfloat16_islands (engine/precision.py)
         apply_precision(model, precision)
@@ -43,12 +55,15 @@ def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: 
                  "config": {"model": config, "preset": preset, "parameters": model.num_parameters(),
                             "onednn_linear": onednn, "dtype": dtype_name(model.dtype),
                             "precision": precision or dtype_name(model.dtype), "S": model.config.num_steps,
-                            "H": model.config.action_horizon}}
-    res["stages"] = stage_overhead(model, batches, repeats, prompt_len=benchmark_prompt_len(model))
+                            "H": model.config.action_horizon, "graphs": graphs, "engine_graphs": engine_graphs}}
+    res["stages"] = stage_overhead(model, batches, repeats, prompt_len=benchmark_prompt_len(model), graphs=graphs)
     if frames:
         plan = make_plan([n], ["isolated", "oxygen"], ks, model.config.num_steps, Workload(max_new_tokens=n))
+        last = plan[-1]
         if speculate:
-            plan.append((dataclasses.replace(plan[-1][0], speculate=speculate), plan[-1][1]))
+            plan.append((dataclasses.replace(last[0], speculate=speculate), last[1]))
+        if engine_graphs != "off":
+            plan.append((dataclasses.replace(last[0], graphs=engine_graphs), last[1]))
         points = measure_plan(model, plan, frames)
         base = points[0]
         for p in points:
@@ -62,25 +77,31 @@ def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: 
 
 def summary(res: dict) -> str:
     """Markdown tables of the three parts."""
-    lines = ["| stage | eager ms (median) | fused ms (median) | speedup (median of paired ratios) | target "
-             "| ATen ops eager / fused |", "|---|---|---|---|---|---|"]
+    g = res["config"].get("graphs", "off")
+    lines = [f"| stage | eager ms (median) | fused ms (median) | graphs ({g}) ms | fused speedup | graphs speedup "
+             "| target | ATen ops eager / fused |", "|---|---|---|---|---|---|---|---|"]
     for name, s in res["stages"].items():
         target = TARGETS["decode" if name.startswith("decode") else name]
-        lines.append(f"| {name.replace('_B', ' B=')} | {1e3 * s['eager_s']:.1f} | {1e3 * s['fused_s']:.1f} | "
-                     f"{s['speedup']:.2f}x | >= {target}x | {s['eager_ops']} / {s['fused_ops']} |")
+        gms = f"{1e3 * s['graphs_s']:.1f}" + (f" (B={s['graphs_bucket']})" if "graphs_bucket" in s else "") \
+            if "graphs_s" in s else "-"
+        gx = f"{s['graphs_speedup']:.2f}x" if "graphs_speedup" in s else "-"
+        lines.append(f"| {name.replace('_B', ' B=')} | {1e3 * s['eager_s']:.1f} | {1e3 * s['fused_s']:.1f} | {gms} | "
+                     f"{s['speedup']:.2f}x | {gx} | >= {target}x | {s['eager_ops']} / {s['fused_ops']} |")
     if "points" in res:
-        lines += ["", "| engine | N | k | d | action Hz (mean) | action Hz (median) | tokens/s | frame ms mean / "
-                  "median | stalls | speedup mean | speedup median |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+        lines += ["", "| engine | N | k | d | graphs | action Hz (mean) | action Hz (median) | tokens/s "
+                  "| frame ms mean / median | stalls | speedup mean | speedup median |", "|" + "---|" * 12]
         for p in res["points"]:
             k = p["k"] if p["engine"] == "oxygen" else "-"
-            lines.append(f"| {p['engine']} | {p['N']} | {k} | {p.get('speculate', 0)} | {p['action_hz']:.2f} | "
+            lines.append(f"| {p['engine']} | {p['N']} | {k} | {p.get('speculate', 0)} | {p.get('graphs', 'off')} | "
+                         f"{p['action_hz']:.2f} | "
                          f"{p['action_hz_median']:.2f} | "
                          f"{p['tokens_per_s']:.1f} | {p['frame_ms_mean']:.0f} / {p['frame_ms_median']:.0f} | "
                          f"{p['host_stalls']} | {p['speedup_vs_isolated']:.2f}x | "
                          f"{p['speedup_vs_isolated_median']:.2f}x |")
     if "speculation" in res:
         sp = res["speculation"]
-        lines += ["", f"Toy memory stream, k={sp['k']}, N={sp['max_new_tokens']}, d={sp['speculate']}, "
+        lines += ["", f"Toy memory stream ({sp.get('workload', 'every_frame')}), k={sp['k']}, "
+                  f"N={sp['max_new_tokens']}, d={sp['speculate']}, "
                   f"{sp['frames']} frames; identical texts: {sp['identical_texts']}, identical chunks: "
                   f"{sp['same_chunks']}", "",
                   "| speculation | tokens/s | tokens/s of decode time | decode forwards | action Hz "
@@ -153,6 +174,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--frames", type=int, default=12, help="measured frames per engine point (0: skip)")
     ap.add_argument("--episodes", type=int, default=4, help="toy episodes for speculation (0: skip)")
     ap.add_argument("--speculate", type=int, default=8)
+    ap.add_argument("--graphs", default=None, choices=["off", "static", "cuda", "compile"],
+                    help="backend of the stages' graphs variant (default: cuda on CUDA, compile on CPU)")
+    ap.add_argument("--engine-graphs", default=None, choices=["off", "static", "cuda", "compile"],
+                    help="backend of the extra graphs engine point (default: cuda on CUDA, static on CPU)")
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--no-onednn", action="store_true")
     ap.add_argument("--device", default="cpu")
@@ -164,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     res = run(a.config, a.preset, a.batches, a.repeats, a.N, a.k, a.frames, a.episodes, a.speculate,
-              onednn=not a.no_onednn, device=a.device, dtype=a.dtype, precision=a.precision)
+              onednn=not a.no_onednn, device=a.device, dtype=a.dtype, precision=a.precision, graphs=a.graphs,
+              engine_graphs=a.engine_graphs)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     table = summary(res)

@@ -1,4 +1,5 @@
-"""Fused vs eager stages side by side: prefill, the S-step denoise loop and decode steps per batch size.
+"""Fused vs eager stages side by side: prefill, the S-step denoise loop and decode steps per batch size, and the
+static-shape steps of ``engine/graphs.py`` (captured CUDA graphs, torch.compile or plain static shapes) beside them.
 
 Every repeat runs each variant once, alternating (A B A B ...), so a noisy host slows both alike; the speedup is
 the median of the per-repeat ratios (and the ratio of the medians is kept beside it).
@@ -15,6 +16,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from oxygen_ros.bench.observation import dummy_observation
 from oxygen_ros.engine import KVCache, Pi05Model
+from oxygen_ros.engine.graphs import FrameGraphs, resolve_backend
 from oxygen_ros.engine.timing import synchronize
 
 VARIANTS = ("eager", "fused")
@@ -47,37 +49,50 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 
 
 def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict:
-    """Interleaved timing of ``fns`` (variant -> call) on ``model``, each run with ``model.fused`` set to match."""
+    """Interleaved timing of ``fns`` (variant -> call) on ``model``, each run with ``model.fused`` set to match
+    (only ``eager`` runs unfused). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present."""
     times: dict[str, list[float]] = {v: [] for v in fns}
     for rep in range(warmup + repeats):
         for v, fn in fns.items():
-            model.use_fused(v == "fused")
+            model.use_fused(v != "eager")
             t = _time(fn, model.device)
             if rep >= warmup:
                 times[v].append(t)
     out = {f"{v}_s": statistics.median(ts) for v, ts in times.items()}
     for v, fn in fns.items():
-        model.use_fused(v == "fused")
+        model.use_fused(v != "eager")
         out[f"{v}_ops"] = count_ops(fn)
     model.use_fused(True)
     out["speedup"] = statistics.median(e / f for e, f in zip(times["eager"], times["fused"], strict=True))
     out["ratio_of_medians"] = out["eager_s"] / out["fused_s"]
+    if "graphs" in times:
+        out["graphs_speedup"] = statistics.median(e / g for e, g in zip(times["eager"], times["graphs"], strict=True))
     out["samples"] = {v: ts for v, ts in times.items()}
     return out
 
 
 def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decode_context: int = 30,
-                   prompt_len: int | None = None) -> dict:
-    """Fused vs eager per stage: ``{"prefill": .., "denoise": .., "decode_B<b>": ..}`` from :func:`side_by_side`."""
+                   prompt_len: int | None = None, graphs: str = "off") -> dict:
+    """Fused vs eager per stage: ``{"prefill": .., "denoise": .., "decode_B<b>": ..}`` from :func:`side_by_side`.
+
+    ``graphs`` (a ``graphs.py`` backend other than off): the denoise and decode stages also time that backend's
+    static-shape step (variant ``graphs``; a decode of B rows runs as the engine would, at the bucket covering B;
+    its first call, which compiles or captures, is the warm-up)."""
     cfg, dev = model.config, model.device
     obs = dummy_observation(model, 1, prompt_len)
     max_b = max(batches)
     cache = KVCache.for_model(cfg, max_b, extra_tokens=decode_context + 1, dtype=model.dtype, device=dev)
+    static = None
+    if resolve_backend(graphs, dev) != "off":
+        static = FrameGraphs(model, cache, [model.head_parts()], cfg.num_steps, graphs)
     rows = slice(0, 1)
     res = {"prefill": side_by_side(model, {v: lambda: model.prefill(obs, cache, rows) for v in VARIANTS}, repeats)}
     prefix = model.prefill(obs, cache, rows)
     noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, device=dev)
-    res["denoise"] = side_by_side(model, {v: lambda: model.denoise(prefix, cache, noise) for v in VARIANTS}, repeats)
+    fns = {v: lambda: model.denoise(prefix, cache, noise) for v in VARIANTS}
+    if static is not None:
+        fns["graphs"] = lambda: static.denoise(prefix, [noise])
+    res["denoise"] = side_by_side(model, fns, repeats)
     cache.k[:, 1:max_b] = cache.k[:, :1]
     cache.v[:, 1:max_b] = cache.v[:, :1]
     cache.valid[1:max_b] = cache.valid[:1]
@@ -90,5 +105,12 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
         def step(b: int = b, idx: torch.Tensor = idx, pos: torch.Tensor = pos, tokens: torch.Tensor = tokens):
             return model.decode_step(cache, slice(0, b), tokens, pos, idx, prefix.length + decode_context + 1)
 
-        res[f"decode_B{b}"] = side_by_side(model, {v: step for v in VARIANTS}, repeats)
+        fns = {v: step for v in VARIANTS}
+        if static is not None:
+            n = static.decode_bucket(b)
+            wide = [torch.cat([x, x[:1].expand(n - b)]) for x in (tokens, pos, idx)]
+            fns["graphs"] = lambda n=n, wide=wide: static.decode(slice(0, n), *wide)
+        res[f"decode_B{b}"] = side_by_side(model, fns, repeats)
+        if static is not None:
+            res[f"decode_B{b}"]["graphs_bucket"] = n
     return res

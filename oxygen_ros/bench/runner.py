@@ -133,8 +133,8 @@ def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, 
     batches = [b for r in records for b in r.batch_sizes]
     stage = {s: sum(r.timings.get(s, 0.0) for r in records) / len(records) for s in STAGES}
     return {
-        "engine": ec.mode, "k": ec.k, "speculate": ec.speculate, "N": workload.max_new_tokens, "S": ec.num_steps,
-        "H": horizon,
+        "engine": ec.mode, "k": ec.k, "speculate": ec.speculate, "graphs": ec.graphs, "N": workload.max_new_tokens,
+        "S": ec.num_steps, "H": horizon,
         "workload": asdict(workload),
         "frames": len(records),
         "action_hz": horizon * len(records) / total,
