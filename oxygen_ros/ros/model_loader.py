@@ -199,7 +199,7 @@ def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None) -
     return EngineConfig(mode=p.mode, num_steps=p.num_steps, k="auto" if p.k_auto else p.k,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
                         max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
-                        speculate=p.speculate)
+                        speculate=p.speculate, graphs=p.graphs)
 
 
 def build_runner(loaded: LoadedPolicy) -> FrameRunner:

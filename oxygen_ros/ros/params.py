@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oxygen_ros.engine.modes import NODE_MODES, OVERFLOW_POLICIES
+from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 from oxygen_ros.policy.runner import TRIGGERS
 
@@ -108,7 +108,8 @@ class StreamParams:
         "A request when this much observation time passed since the stream's last one (0: not timed).",
         minimum=0.0)
     trigger: str = param('periodic',
-        'periodic (every_n_frames and / or period_s) | on_instruction_change (one request per new instruction).',
+        'periodic (every_n_frames and / or period_s) | on_instruction_change (one request per new instruction) | '
+        'continuous (the next request on the frame after the last one finished).',
         choices=TRIGGERS)
     max_new_tokens: int = param(0, 'Tokens per request; 0 = max_new_tokens (and at most it).', minimum=0)
     priority: int = param(0,
@@ -195,6 +196,10 @@ class NodeParams:
         'last finished output (outputs identical to plain decoding); 0 = off.', minimum=0)
     overflow: str = param('reject_newest',
         'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
+    graphs: str = param('off',
+        'Static-shape denoise loop and decode steps: off (eager, the reference) | auto (captured CUDA graphs on '
+        'cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static. LoRA and '
+        'speculative forwards stay eager.', choices=GRAPH_BACKENDS)
     # --- inputs
     camera_names: tuple[str, ...] = param((),
         'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '
