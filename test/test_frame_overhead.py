@@ -20,7 +20,7 @@ def test_frame_overhead_cli_writes_json_table_and_plot(tmp_path) -> None:
     assert res["stages"]["decode_B3"]["graphs_bucket"] == 3, "a pool of 3 slots: buckets 1, 2, 3"
     assert [(p["engine"], p["k"], p["speculate"], p["graphs"]) for p in res["points"]] == [
         ("isolated", 1, 0, "off"), ("oxygen", 1, 0, "off"), ("oxygen", 2, 0, "off"), ("oxygen", 2, 3, "off"),
-        ("oxygen", 2, 0, "static")]
+        ("isolated", 1, 0, "static"), ("oxygen", 2, 0, "static")]
     assert all(p["speedup_vs_isolated_median"] > 0 and p["host_stalls"] >= 0 for p in res["points"])
     assert "| denoise |" in (out / "summary.md").read_text()
     assert (out / "frame_overhead.png").stat().st_size > 0

@@ -12,8 +12,9 @@ once and replayed:
   greedy tokens sampled inside. Slots the frame does not advance run as idle rows, as in the eager batch.
 
 Backends (``EngineConfig.graphs``): ``static`` runs the static-shape code eagerly (the CPU reference of what is
-captured), ``cuda`` captures a CUDA graph per bucket on first use (the step is idempotent, so the warm-up run is a
-real one) and replays it, ``compile`` runs it through ``torch.compile`` (static shapes, one graph per bucket).
+captured), ``cuda`` captures a CUDA graph per step and replays it (the engine captures them all when it is built,
+:meth:`FrameGraphs.warm_up`; a step is idempotent, so capturing one on first use would be correct too),
+``compile`` runs it through ``torch.compile`` (static shapes, one graph per bucket, compiled on first use).
 Forwards these shapes do not cover run eagerly: LoRA rows, speculative multi-token rows, batches of several
 observations. Eager (``graphs='off'``) stays the reference; the tests hold every backend to it.
 """
@@ -54,8 +55,8 @@ def decode_buckets(num_slots: int) -> list[int]:
 class _Replay:
     """One static-shape function behind a backend: called directly, compiled, or captured and replayed."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], backend: str, pool: object | None) -> None:
-        self.fn, self.backend, self.pool = fn, backend, pool
+    def __init__(self, fn: Callable[[], torch.Tensor], backend: str) -> None:
+        self.fn, self.backend = fn, backend
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         if backend == "compile":
@@ -77,7 +78,9 @@ class _Replay:
             self.fn()  # warm-up (lazy inits, autotuning) outside the capture; idempotent
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=self.pool):
+        # a private memory pool per graph (its output stays alive, its scratch is its own); thread_local: the
+        # parallel baseline's other worker may launch work meanwhile
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.out = self.fn()
 
 
@@ -97,7 +100,6 @@ class FrameGraphs:
         self.prefix_len = model.config.max_prefix_len
         horizon = max(h.horizon for h in heads)
         self.rope = RopeTable(g, max(cache.max_len, self.prefix_len + horizon), model.dtype, dev)
-        self.pool = torch.cuda.graph_pool_handle() if self.backend == "cuda" else None
         # staging K/V of one prefix + the action scratch, shared by the heads (they run one after another)
         shape = (g.depth, 1, g.num_kv_heads, self.prefix_len + horizon, g.head_dim)
         self.stage_k = torch.zeros(shape, dtype=cache.k.dtype, device=dev)
@@ -108,7 +110,18 @@ class FrameGraphs:
         self._denoise = [self._denoise_fn(i, h, num_steps) for i, h in enumerate(heads)]
         self.buckets = decode_buckets(cache.num_slots)
         self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in self.buckets}
-        self._decode = {b: _Replay(self._decode_fn(b), self.backend, self.pool) for b in self.buckets}
+        self._decode = {b: _Replay(self._decode_fn(b), self.backend) for b in self.buckets}
+
+    def warm_up(self) -> None:
+        """Run (compile, capture) every step once now instead of on first use, so no frame pays for it. Only on an
+        empty pool: the decode steps write at position 0 of every slot, which is then marked invalid again."""
+        with torch.no_grad():
+            for b in self.buckets:
+                self._inputs[b].zero_()
+                self._decode[b]()
+            for run in self._denoise:
+                run()
+            self.cache.valid.zero_()
 
     # ------------------------------------------------------------------------------------------ denoise
     def _denoise_fn(self, i: int, head: HeadParts, num_steps: int) -> _Replay:
@@ -123,7 +136,7 @@ class FrameGraphs:
             return fast_path.denoise_kv(model, head, ks[:n_layers], vs[:n_layers], self.stage_valid, self.num_valid,
                                         self.noise[i], conds, self.rope)
 
-        return _Replay(run, self.backend, self.pool)
+        return _Replay(run, self.backend)
 
     def covers_prefix(self, prefix: Prefix) -> bool:
         """Whether ``prefix`` is one observation that fits the staging buffer."""
@@ -151,10 +164,11 @@ class FrameGraphs:
         inputs = self._inputs[b]
         rows = slice(0, b)
         ar = torch.arange(b, device=inputs.device)
+        true = torch.ones((), dtype=torch.bool, device=inputs.device)  # a device value: no host copy when captured
 
         def run() -> torch.Tensor:
             tokens, positions, writes = inputs[0], inputs[1], inputs[2]
-            cache.valid[rows][ar, writes] = True
+            cache.valid[rows].index_put_((ar, writes), true)
             logits = fast_path.decode_tokens(model, cache, rows, tokens[:, None], positions[:, None], writes[:, None],
                                              cache.max_len, None, rope)
             return logits[:, 0].argmax(-1)
