@@ -33,6 +33,19 @@ def make_model(config: Pi05Config | None = None, seed: int = 0, std: float = 0.1
     return model
 
 
+def make_heads_and_lora(model: Pi05Model, count: int = 1, seed: int = 3):
+    """``count`` extra action experts with random weights (std 0.1) and a rank-4 LoRA on every target module."""
+    from oxygen_ros.engine.heads import make_extra_heads
+    from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
+
+    heads = make_extra_heads(model.config, count)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in heads.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+    return heads, LoraAdapter(random_lora_weights(model, r=4, std=0.3, modules=TARGETS), 2.0)
+
+
 def make_observation(config: Pi05Config, batch: int = 1, prompt_lens=None, camera_masks=None,
                      seed: int = 0, length: int | None = None) -> Observation:
     """Random observation batch; prompt i has prompt_lens[i] valid tokens (BOS first), padded to ``length``."""

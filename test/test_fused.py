@@ -7,12 +7,11 @@ import copy
 
 import pytest
 import torch
-from conftest import make_model, make_observation
+from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, KVCache, Pi05Model
 from oxygen_ros.engine.checkpoint import load_checkpoint, save_checkpoint
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.heads import make_extra_heads
 from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
@@ -98,12 +97,7 @@ def _frames(cfg, count: int) -> list[Frame]:
 
 
 def _run_mode(model: Pi05Model, mode: str, fused: bool, frames: list[Frame]):
-    heads = make_extra_heads(model.config, 1)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    lora = LoraAdapter(random_lora_weights(model, r=4, std=0.3, modules=TARGETS), 2.0)
+    heads, lora = make_heads_and_lora(model)
     model.use_fused(fused)
     try:
         eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=-1, max_new_tokens=8, max_inflight=6),

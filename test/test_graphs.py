@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_model, make_observation
+from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, Pi05Model
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.graphs import FrameGraphs, decode_buckets, resolve_backend
-from oxygen_ros.engine.heads import make_extra_heads
-from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 ATOL = 1e-5
@@ -47,12 +45,7 @@ def _frames(cfg, count: int, adapted: bool = True) -> list[Frame]:
 
 
 def _run(model: Pi05Model, frames: list[Frame], graphs: str, **cfg):
-    heads = make_extra_heads(model.config, 1)
-    gen = torch.Generator().manual_seed(3)
-    with torch.no_grad():
-        for p in heads.parameters():
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
-    lora = LoraAdapter(random_lora_weights(model, r=4, std=0.3, modules=TARGETS), 2.0)
+    heads, lora = make_heads_and_lora(model)
     config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, **cfg, "graphs": graphs})
     eng = build_engine(model, config, heads=heads, adapters={"a": lora})
     results = [eng.step(fr) for fr in frames]
