@@ -128,17 +128,24 @@ def plot(res: dict, path: Path) -> Path:
     axes = [axes] if len(parts) == 1 else list(axes)
     ax = axes[0]
     names = list(res["stages"])
-    ax.bar(range(len(names)), [res["stages"][n]["speedup"] for n in names], color="tab:green")
+    st = res["stages"]
+    graphs = res["config"].get("graphs", "off")
+    ax.bar([i - 0.2 for i in range(len(names))], [st[n]["speedup"] for n in names], 0.4, color="tab:green",
+           label="fused")
+    ax.bar([i + 0.2 for i in range(len(names))], [st[n].get("graphs_speedup", 0.0) for n in names], 0.4,
+           color="tab:purple", label=f"graphs ({graphs})")
     for i, n in enumerate(names):
         ax.hlines(TARGETS["decode" if n.startswith("decode") else n], i - 0.4, i + 0.4, colors="k", linestyles="--")
     ax.set_xticks(range(len(names)), [n.replace("_B", "\nB=") for n in names])
-    ax.set_ylabel("eager / fused time")
-    ax.set_title("fused vs eager (dashed: target)")
+    ax.set_ylabel("speedup over eager")
+    ax.set_title("stages vs eager (dashed: target)")
+    ax.legend()
     if "points" in res:
         ax = axes[parts.index("points")]
         pts = res["points"]
-        labels = [f"{p['engine']}\nk={p['k']}" + (f" d={p['speculate']}" if p.get("speculate") else "")
-                  if p["engine"] == "oxygen" else p["engine"] for p in pts]
+        labels = [(f"{p['engine']}\nk={p['k']}" + (f" d={p['speculate']}" if p.get("speculate") else "")
+                   if p["engine"] == "oxygen" else p["engine"])
+                  + (f"\n{p['graphs']}" if p.get("graphs", "off") != "off" else "") for p in pts]
         x = range(len(pts))
         ax.bar([i - 0.2 for i in x], [p["frame_ms_mean"] for p in pts], 0.4, label="mean")
         ax.bar([i + 0.2 for i in x], [p["frame_ms_median"] for p in pts], 0.4, label="median")
