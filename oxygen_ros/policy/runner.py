@@ -92,14 +92,14 @@ class _StreamClock:
         self.schedule = schedule
         self.last_stamp_ns: int | None = None
         self.last_instruction: str | None = None
-        self.in_flight = 0  # its requests not finished (or rejected) yet
 
-    def due(self, processed: int, stamp_ns: int, instruction: str) -> bool:
+    def due(self, processed: int, stamp_ns: int, instruction: str, busy: bool = False) -> bool:
+        """Whether the stream starts a request now; ``busy``: one of its requests is still in flight."""
         s = self.schedule
         if s.trigger == "on_instruction_change":
             return bool(instruction) and instruction != self.last_instruction
         if s.trigger == "continuous":
-            return self.in_flight == 0
+            return not busy
         if s.every_n_frames and processed % s.every_n_frames == 0:
             return True
         return s.period_s > 0 and (self.last_stamp_ns is None
@@ -107,10 +107,6 @@ class _StreamClock:
 
     def started(self, stamp_ns: int, instruction: str) -> None:
         self.last_stamp_ns, self.last_instruction = stamp_ns, instruction
-        self.in_flight += 1
-
-    def ended(self, count: int = 1) -> None:
-        self.in_flight = max(self.in_flight - count, 0)
 
 
 @dataclass
@@ -203,8 +199,6 @@ class FrameRunner:
             close()
         self.engine = self._factory()
         self._subtask_requests.clear()  # their requests are lost with the engine (frame indices restart)
-        for clock in self._clocks:
-            clock.in_flight = 0
         self._subtask = (*self._subtask[:2], -1)
 
     def close(self) -> None:
@@ -276,22 +270,16 @@ class FrameRunner:
             self.engine.cancel(tag)
         return sorted(due + submitted, key=lambda r: -r.priority) if submitted else due
 
-    def _count_ended(self, result: FrameResult) -> None:
-        """Streams whose requests finished or were refused this frame (a stream request's tag is its clock)."""
-        for tag in [f.tag for f in result.finished] + [r.tag for r, _ in result.rejected_requests]:
-            if isinstance(tag, _StreamClock):
-                tag.ended()
-
     def _due_requests(self, stamp_ns: int, instruction: str) -> list[LanguageRequest]:
         """The requests this frame starts: every due stream's, in admission order."""
         stamp = stamp_ns or time.monotonic_ns()  # unstamped (offline) frames: the wall clock times period_s
         requests = []
+        busy = {r.request.stream for r in self.engine.inflight}  # continuous streams wait for their last one
         for clock in self._clocks:
-            if clock.due(self.processed, stamp, instruction):
+            if clock.due(self.processed, stamp, instruction, clock.schedule.stream in busy):
                 s = clock.schedule
                 requests.append(LanguageRequest(s.task, s.max_new_tokens, list(self.request_tokens(instruction, s)),
-                                                stream=s.stream, priority=s.priority, adapter=s.adapter,
-                                                tag=clock))
+                                                stream=s.stream, priority=s.priority, adapter=s.adapter))
                 clock.started(stamp, instruction)
         return requests
 
@@ -330,7 +318,6 @@ class FrameRunner:
 
         result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns), on_actions=handle)
         self.processed += 1
-        self._count_ended(result)
         if self.condition_on:
             if any(r.stream == self.condition_on for r in requests):
                 self._subtask_requests[index] = instruction or ""
