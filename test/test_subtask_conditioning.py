@@ -137,6 +137,7 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
         "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 4,
         "language_streams": ["subtask", "memory"], "subtask.every_n_frames": 2, "memory.every_n_frames": 3,
         "memory.adapter": str(adapter), "subtask_conditioning": "subtask",
+        "graphs": "static",  # static-shape steps, the adapter's rows eager: both in one node
     }, domain_id=domain)
     probe = Probe([(c, f"/cameras/{c}/image_raw") for c in CAMS], joints, image_size=48, domain_id=domain)
     try:
@@ -160,6 +161,7 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
                                                        if o.stream == "subtask"} | {""}
 
         assert probe.wait_for(diagnosed, 5), probe.diagnostics()
+        assert probe.diagnostics().get("graphs") == "static"
     finally:
         probe.close()
         assert node.stop() == 0
