@@ -44,11 +44,12 @@ def _frames(cfg, count: int, adapted: bool = True) -> list[Frame]:
     return out
 
 
-def _run(model: Pi05Model, frames: list[Frame], graphs: str, **cfg):
+def _run(model: Pi05Model, frames: list[Frame], graphs: str, stance: str = "default", **cfg):
     heads, lora = make_heads_and_lora(model)
     config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, **cfg, "graphs": graphs})
     eng = build_engine(model, config, heads=heads, adapters={"a": lora})
-    results = [eng.step(fr) for fr in frames]
+    with torch.compiler.set_stance(stance):  # fail_on_recompile: the engine's warm-up compiled every step
+        results = [eng.step(fr) for fr in frames]
     close = getattr(eng, "close", None)
     if close:
         close()
@@ -124,9 +125,12 @@ def test_static_steps_trace_as_one_graph_each(smooth: Pi05Model) -> None:
 
 
 def test_compiled_steps_give_the_same_tokens_and_actions(smooth: Pi05Model) -> None:
-    """Inductor's C++ kernels (a minute or two of compiling here): a 2-slot pool keeps it to buckets 1 and 2."""
+    """Inductor's C++ kernels (a minute or two of compiling here): a 2-slot pool keeps it to buckets 1 and 2. The
+    engine compiles every step when built; its frames then never recompile (the eager prefill between them must
+    not invalidate a compiled step's guards)."""
     fl = _frames(smooth.config, 4, adapted=False)
-    (act_c, tok_c, _), (act_e, tok_e, _) = (_run(smooth, fl, g, max_inflight=1, k=8) for g in ("compile", "off"))
+    (act_c, tok_c, _), (act_e, tok_e, _) = (_run(smooth, fl, g, stance, max_inflight=1, k=8)
+                                            for g, stance in (("compile", "fail_on_recompile"), ("off", "default")))
     assert tok_c == tok_e and len(tok_c) >= 3  # k=8: each admitted request finishes on its frame
     for a, b in zip(act_c, act_e, strict=True):
         assert all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))

@@ -211,13 +211,15 @@ def denoise_kv(model: Pi05Model, head: HeadParts, ks: list[torch.Tensor], vs: li
 
 def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
                   write_index: torch.Tensor, attn_len: int, lora: LoraAdapter | None = None,
-                  rope: RopeTable | None = None) -> torch.Tensor:
+                  rope: RopeTable | None = None,
+                  views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
     """Advance B sequences by T tokens each in one forward; logits [B, T, V] (float32).
 
     tokens/positions/write_index are [B, T]: token j of row b has RoPE position positions[b, j] and writes its K/V
     at cache index write_index[b, j] (< attn_len); it attends to the row's valid cache positions in [0, attn_len)
     and to the row's tokens 0..j of this forward. ``cache.valid`` is not changed: the caller marks what it keeps.
-    ``rope``: a table covering every position (else one is looked up, which reads the largest position back).
+    ``rope``: a table covering every position (else one is looked up, which reads the largest position back);
+    ``views``: ``cache.layer_views(rows)``, taken by the caller (a compiled step must not guard on the memo).
     """
     stack = model.backbone
     fs, g = stack.fused(), stack.cfg
@@ -227,7 +229,7 @@ def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.T
     slots = torch.arange(attn_len, device=dev)
     new = (slots[None, None, :] == write_index[:, :, None]).cumsum(1) > 0  # [B, T, L]: tokens 0..j of the row
     mask = additive_mask(cache.valid[rows, None, :attn_len] | new, g.num_heads // g.num_kv_heads, model.dtype)
-    ks, vs = cache.layer_views(rows)
+    ks, vs = views if views is not None else cache.layer_views(rows)
     ar = torch.arange(b, device=dev)[:, None]
 
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -12,9 +12,10 @@ once and replayed:
   greedy tokens sampled inside. Slots the frame does not advance run as idle rows, as in the eager batch.
 
 Backends (``EngineConfig.graphs``): ``static`` runs the static-shape code eagerly (the CPU reference of what is
-captured), ``cuda`` captures a CUDA graph per step and replays it (the engine captures them all when it is built,
-:meth:`FrameGraphs.warm_up`; a step is idempotent, so capturing one on first use would be correct too),
-``compile`` runs it through ``torch.compile`` (static shapes, one graph per bucket, compiled on first use).
+captured), ``cuda`` captures a CUDA graph per step and replays it, ``compile`` runs it through ``torch.compile``
+(static shapes, one graph per bucket). The engine captures or compiles every step when it is built
+(:meth:`FrameGraphs.warm_up`); used directly, a step is captured or compiled on first use, which is correct too,
+since a step is idempotent.
 Forwards these shapes do not cover run eagerly: LoRA rows, speculative multi-token rows, batches of several
 observations. Eager (``graphs='off'``) stays the reference; the tests hold every backend to it.
 """
@@ -165,12 +166,13 @@ class FrameGraphs:
         rows = slice(0, b)
         ar = torch.arange(b, device=inputs.device)
         true = torch.ones((), dtype=torch.bool, device=inputs.device)  # a device value: no host copy when captured
+        views = cache.layer_views(rows)  # taken once: the memo dict changes as eager calls add ranges
 
         def run() -> torch.Tensor:
             tokens, positions, writes = inputs[0], inputs[1], inputs[2]
             cache.valid[rows].index_put_((ar, writes), true)
             logits = fast_path.decode_tokens(model, cache, rows, tokens[:, None], positions[:, None], writes[:, None],
-                                             cache.max_len, None, rope)
+                                             cache.max_len, None, rope, views)
             return logits[:, 0].argmax(-1)
 
         return run
