@@ -30,3 +30,14 @@ def test_frame_statistics_flag_host_stalls() -> None:
     st = frame_statistics([0.1] * 9 + [0.9], horizon=10)
     assert st["host_stalls"] == 1 and abs(st["frame_ms_median"] - 100) < 1e-9
     assert abs(st["action_hz_median"] - 100) < 1e-9 and abs(st["frame_ms_mean_without_stalls"] - 100) < 1e-9
+
+
+def test_toy_graphs_cli_compares_static_shapes_on_the_closed_loop(tmp_path) -> None:
+    from oxygen_ros.bench.toy_graphs import main as toy_main
+
+    out = tmp_path / "tg"
+    toy_main(["--graphs", "static", "--episodes", "1", "--out", str(out)])
+    res = json.loads((out / "results.json").read_text())
+    assert res["identical_texts"] and res["max_action_diff"] < 1e-4 and res["frames"] >= 2
+    assert len(res["static"]["frame_ms"]) == res["frames"] and res["speedup_median"] > 0
+    assert "| static |" in (out / "summary.md").read_text() and (out / "toy_graphs.png").stat().st_size > 0
