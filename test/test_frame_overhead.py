@@ -36,8 +36,9 @@ def test_toy_graphs_cli_compares_static_shapes_on_the_closed_loop(tmp_path) -> N
     from oxygen_ros.bench.toy_graphs import main as toy_main
 
     out = tmp_path / "tg"
-    toy_main(["--graphs", "static", "--episodes", "1", "--out", str(out)])
+    toy_main(["--graphs", "static", "--episodes", "1", "--stage-repeats", "1", "--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     assert res["identical_texts"] and res["max_action_diff"] < 1e-4 and res["frames"] >= 2
     assert len(res["static"]["frame_ms"]) == res["frames"] and res["speedup_median"] > 0
+    assert res["stages"]["denoise"]["graphs_speedup"] > 0
     assert "| static |" in (out / "summary.md").read_text() and (out / "toy_graphs.png").stat().st_size > 0

@@ -19,6 +19,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oxygen_ros.bench.observation import benchmark_prompt_len
+from oxygen_ros.bench.overhead import stage_overhead
 from oxygen_ros.bench.progress import progress_bar
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.engine import EngineConfig, build_engine
@@ -29,8 +31,10 @@ from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
 
 
 def run(graphs: str = "compile", episodes: int = 20, max_steps: int = 60, k: int = 5, max_new_tokens: int = 16,
-        max_inflight: int = 8, model_dir: Path = TOY_MODEL_DIR, first_seed: int = 100) -> dict:
-    """The ``results.json`` dict: eager (``off``) against ``graphs`` on the toy closed loop."""
+        max_inflight: int = 8, model_dir: Path = TOY_MODEL_DIR, first_seed: int = 100,
+        stage_repeats: int = 9) -> dict:
+    """The ``results.json`` dict: eager (``off``) against ``graphs`` on the toy closed loop, then (with
+    ``stage_repeats``) the stages of the same model (``bench.overhead.stage_overhead``)."""
     policy = load_policy(model_dir)
     tok = policy.tokenizer
     streams = [LanguageSchedule(0, "memory", "", max_new_tokens, 32, name="memory", trigger="continuous"),
@@ -76,6 +80,10 @@ def run(graphs: str = "compile", episodes: int = 20, max_steps: int = 60, k: int
                   "frame_ms": [1e3 * t for t in times[g]]}
     res["speedup_median"] = res["off"]["frame_ms_median"] / res[graphs]["frame_ms_median"]
     res["speedup_mean"] = res["off"]["frame_ms_mean"] / res[graphs]["frame_ms_mean"]
+    if stage_repeats:  # the same model stage by stage: eager, fused and the graphs step, paired rounds
+        model = policy.model
+        res["stages"] = stage_overhead(model, [1, 4], stage_repeats, prompt_len=benchmark_prompt_len(model),
+                                       graphs=graphs)
     return res
 
 
@@ -91,6 +99,13 @@ def summary(res: dict) -> str:
         x = "1.00x / 1.00x" if name == "off" else f"{res['speedup_median']:.2f}x / {res['speedup_mean']:.2f}x"
         lines.append(f"| {name} | {v['build_s']:.1f} | {v['frame_ms_median']:.1f} | {v['frame_ms_mean']:.1f} | "
                      f"{v['stalls']} | {x} |")
+    if "stages" in res:
+        lines += ["", f"| stage | eager ms | fused ms | {g} ms | fused speedup | {g} speedup |", "|" + "---|" * 6]
+        for name, st in res["stages"].items():
+            gms = f"{1e3 * st['graphs_s']:.2f}" if "graphs_s" in st else "-"
+            gx = f"{st['graphs_speedup']:.2f}x" if "graphs_speedup" in st else "-"
+            lines.append(f"| {name.replace('_B', ' B=')} | {1e3 * st['eager_s']:.2f} | {1e3 * st['fused_s']:.2f} | "
+                         f"{gms} | {st['speedup']:.2f}x | {gx} |")
     return "\n".join(lines)
 
 
@@ -119,12 +134,13 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--graphs", default="compile", choices=["static", "compile", "cuda"])
     ap.add_argument("--episodes", type=int, default=20)
+    ap.add_argument("--stage-repeats", type=int, default=9, help="paired rounds per stage (0: no stages)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads (0: torch's default)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
-    res = run(a.graphs, a.episodes)
+    res = run(a.graphs, a.episodes, stage_repeats=a.stage_repeats)
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(res, indent=2))
     table = summary(res)
