@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import time
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import torch
 from oxygen_ros.bench.models import build_model, dtype_name, resolve_dtype
 from oxygen_ros.bench.observation import benchmark_prompt_len
 from oxygen_ros.bench.overhead import stage_overhead
+from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.bench.side_by_side import make_plan, measure_plan
 from oxygen_ros.bench.speculation import toy_memory_stream
@@ -165,10 +165,7 @@ def plot(res: dict, path: Path) -> Path:
         ax.set_title(f"toy memory stream, d={sp['speculate']}")
         ax.legend()
     fig.suptitle(f"{res['config']['model']}/{res['config']['preset']}, {res['machine']['threads']} thread(s)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -199,12 +196,7 @@ def main(argv: list[str] | None = None) -> None:
     res = run(a.config, a.preset, a.batches, a.repeats, a.N, a.k, a.frames, a.episodes, a.speculate,
               onednn=not a.no_onednn, device=a.device, dtype=a.dtype, precision=a.precision, graphs=a.graphs,
               engine_graphs=a.engine_graphs)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    table = summary(res)
-    (a.out / "summary.md").write_text(table + "\n")
-    plot(res, a.out / "frame_overhead.png")
-    print(table)
+    write_run(a.out, res, summary(res), plot, "frame_overhead.png")
 
 
 if __name__ == "__main__":

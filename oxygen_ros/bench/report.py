@@ -3,9 +3,30 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from oxygen_ros.bench.cost_model import predict_frame_s
+
+
+def save_figure(fig, path: Path) -> Path:
+    """Lay out, write (110 dpi) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def write_run(out: Path, res: dict, table: str, plot: Callable[[dict, Path], Path], png: str) -> None:
+    """A benchmark run's files in ``out``: ``results.json``, ``summary.md`` (``table``) and ``png`` drawn by
+    ``plot``; the table is printed."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
+    (out / "summary.md").write_text(table + "\n")
+    plot(res, out / png)
+    print(table)
 
 
 def add_derived(points: list[dict], profile: dict) -> None:

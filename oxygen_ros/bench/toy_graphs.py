@@ -11,7 +11,6 @@ per-operation cost, which is what the static-shape steps remove.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -22,6 +21,7 @@ import torch
 from oxygen_ros.bench.observation import benchmark_prompt_len
 from oxygen_ros.bench.overhead import stage_overhead
 from oxygen_ros.bench.progress import progress_bar
+from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.models import TOY_MODEL_DIR
@@ -124,10 +124,7 @@ def plot(res: dict, path: Path) -> Path:
     ax.set_ylabel("engine frame ms")
     ax.set_title(f"toy closed loop: graphs off vs {g} ({res['speedup_median']:.2f}x by median)")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -141,12 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     if a.threads:
         torch.set_num_threads(a.threads)
     res = run(a.graphs, a.episodes, stage_repeats=a.stage_repeats)
-    a.out.mkdir(parents=True, exist_ok=True)
-    (a.out / "results.json").write_text(json.dumps(res, indent=2))
-    table = summary(res)
-    (a.out / "summary.md").write_text(table + "\n")
-    plot(res, a.out / "toy_graphs.png")
-    print(table)
+    write_run(a.out, res, summary(res), plot, "toy_graphs.png")
 
 
 if __name__ == "__main__":
