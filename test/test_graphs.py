@@ -68,6 +68,7 @@ def test_static_shapes_equal_eager_in_every_mode(model: Pi05Model, smooth: Pi05M
                 assert len(a) == 2 and all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))
         workers = [eng.action_worker, eng.language_worker] if mode == "parallel" else [eng]
         assert all(w.runner.graphs is not None and w.runner.graphs.backend == "static" for w in workers)
+        assert eng.graphs_backend == "static"
 
 
 def test_static_decode_over_a_reused_pool_and_k_auto(model: Pi05Model) -> None:

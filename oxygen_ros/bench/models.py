@@ -61,11 +61,10 @@ def build_heads(model: Pi05Model, count: int, seed: int = 0, onednn: bool = Fals
 
 def compile_modules(roots: Iterable[nn.Module], mode: str, backend: str = "inductor") -> int:
     """torch.compile, in place, the pieces with static or few shapes; returns how many were compiled."""
+    from oxygen_ros.engine.graphs import allow_recompiles
     from oxygen_ros.engine.layers import AdaRMSNorm, GemmaMLP, RMSNorm, SiglipVisionTower
 
-    cfg = torch._dynamo.config
-    limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-    setattr(cfg, limit, max(getattr(cfg, limit), 64))  # one entry per distinct (module class, width, shape kind)
+    allow_recompiles(64)  # one entry per distinct (module class, width, shape kind)
     kwargs = {"backend": backend} | ({"mode": mode} if backend == "inductor" else {})
     n = 0
     for root in roots:

@@ -38,6 +38,9 @@ class Worker(Protocol):
     @property
     def inflight(self) -> list[RequestState]: ...
 
+    @property
+    def graphs_backend(self) -> str: ...
+
     def memory_bytes(self) -> int: ...
 
     def cancel(self, tag: object) -> bool: ...
@@ -103,6 +106,11 @@ class ParallelEngine:
         """As ``Engine.partial``."""
         tokens = self.language_worker.partial(tag)
         return tokens if tokens is not None else self.action_worker.partial(tag)
+
+    @property
+    def graphs_backend(self) -> str:
+        """The workers' ``graphs`` backend (both are built from one config)."""
+        return self.action_worker.graphs_backend
 
     def memory_bytes(self) -> int:
         """Parameters + KV pools of both workers."""

@@ -131,6 +131,11 @@ class Engine:
         st = self.scheduler.find(tag)
         return None if st is None else list(st.tokens)
 
+    @property
+    def graphs_backend(self) -> str:
+        """The ``graphs`` backend that runs (``auto`` resolved; ``off``: eager)."""
+        return self.runner.graphs.backend if self.runner.graphs is not None else "off"
+
     def memory_bytes(self) -> int:
         """Parameters + KV pool of this engine."""
         return self.runner.memory_bytes()

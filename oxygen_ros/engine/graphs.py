@@ -44,6 +44,13 @@ def resolve_backend(backend: str, device: torch.device) -> str:
     return backend
 
 
+def allow_recompiles(n: int) -> None:
+    """Let torch.compile keep at least ``n`` compiled variants per function (one per bucket or module shape)."""
+    cfg = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
+    setattr(cfg, limit, max(getattr(cfg, limit), n))
+
+
 def decode_buckets(num_slots: int) -> list[int]:
     """Batch sizes with a graph of their own: powers of two below the pool size, and the pool size."""
     sizes, b = [], 1
@@ -93,9 +100,7 @@ class FrameGraphs:
         if self.backend == "off":
             raise ValueError("FrameGraphs needs a backend other than 'off'")
         if self.backend == "compile":
-            cfg = torch._dynamo.config
-            limit = "recompile_limit" if hasattr(cfg, "recompile_limit") else "cache_size_limit"
-            setattr(cfg, limit, max(getattr(cfg, limit), 64))
+            allow_recompiles(64)
         self.model, self.cache = model, cache
         g, dev = model.config.backbone, model.device
         self.prefix_len = model.config.max_prefix_len

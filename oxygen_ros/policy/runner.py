@@ -172,6 +172,7 @@ class FrameRunner:
         self.streams = streams
         # admission order on a frame: priority, then configured order (stable sort)
         self._clocks = sorted((_StreamClock(s) for s in streams), key=lambda c: -c.schedule.priority)
+        self._continuous = any(s.trigger == "continuous" for s in streams)  # they wait for their last request
         self.noise = noise or seeded_noise(0)
         self.n_execute = int(n_execute or policy.spec.n_action_steps)
         if not 0 < self.n_execute <= policy.spec.chunk_size:
@@ -274,7 +275,7 @@ class FrameRunner:
         """The requests this frame starts: every due stream's, in admission order."""
         stamp = stamp_ns or time.monotonic_ns()  # unstamped (offline) frames: the wall clock times period_s
         requests = []
-        busy = {r.request.stream for r in self.engine.inflight}  # continuous streams wait for their last one
+        busy = {r.request.stream for r in self.engine.inflight} if self._continuous else set()
         for clock in self._clocks:
             if clock.due(self.processed, stamp, instruction, clock.schedule.stream in busy):
                 s = clock.schedule

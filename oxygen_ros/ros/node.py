@@ -442,9 +442,8 @@ class OxygenNode(LifecycleNode):
         horizon = runner.n_execute if runner is not None else 0
         p = self.params
         extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
-        graphs = getattr(getattr(runner.engine, "runner", None), "graphs", None) if runner is not None else None
-        if p is not None:
-            extra["graphs"] = graphs.backend if graphs is not None else "off"  # what runs (auto resolved)
+        if p is not None and runner is not None:
+            extra["graphs"] = runner.engine.graphs_backend  # what runs (auto resolved)
         if p is not None and p.speculate and runner is not None:
             rate = runner.engine.acceptance_rate
             extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"
