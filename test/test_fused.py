@@ -11,8 +11,10 @@ from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, KVCache, Pi05Model
 from oxygen_ros.engine.checkpoint import load_checkpoint, save_checkpoint
+from oxygen_ros.engine.cpu_kernels import use_onednn
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
+from oxygen_ros.engine.packed_linear import packed_available
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 ATOL = 1e-5
@@ -123,6 +125,23 @@ def test_every_mode_fused_equals_eager_with_adapter_and_head(model: Pi05Model, s
         if m is smooth:
             for a, b in zip(act_f, act_e, strict=True):
                 assert len(a) == 2 and all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
+@pytest.mark.parametrize("mode", ENGINE_MODES)
+def test_packed_fused_path_equals_eager(model: Pi05Model, smooth: Pi05Model, mode: str) -> None:
+    """The CPU benchmark setup: every projection of the fast path on oneDNN-packed weights (``packed_linear``)."""
+    fl = _frames(model.config, 5)
+    for base in (model, smooth):
+        m = copy.deepcopy(base)
+        use_onednn(m)
+        fs = m.expert.fused()
+        assert all(f._packed is not None for f in (*fs.qkv, *fs.o, *fs.gate_up, *fs.down))
+        (act_f, tok_f), (act_e, tok_e) = (_run_mode(m, mode, fused, fl) for fused in (True, False))
+        assert tok_f == tok_e and len(tok_f) >= 4
+        if base is smooth:
+            for a, b in zip(act_f, act_e, strict=True):
+                assert all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))
 
 
 def test_fused_weights_follow_loads_copies_moves_and_saves(model: Pi05Model, tmp_path) -> None:

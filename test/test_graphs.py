@@ -5,13 +5,17 @@ of them gives the same tokens. CUDA capture itself runs in ``scripts/gpu_bench.s
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, Pi05Model
+from oxygen_ros.engine.cpu_kernels import use_onednn
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.graphs import FrameGraphs, decode_buckets, resolve_backend
+from oxygen_ros.engine.packed_linear import packed_available
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 ATOL = 1e-5
@@ -125,13 +129,21 @@ def test_static_steps_trace_as_one_graph_each(smooth: Pi05Model) -> None:
         assert torch.equal(got, expect)
 
 
-def test_compiled_steps_give_the_same_tokens_and_actions(smooth: Pi05Model) -> None:
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_compiled_steps_give_the_same_tokens_and_actions(smooth: Pi05Model, packed: bool) -> None:
     """Inductor's C++ kernels (a minute or two of compiling here): a 2-slot pool keeps it to buckets 1 and 2. The
     engine compiles every step when built; its frames then never recompile (the eager prefill between them must
-    not invalidate a compiled step's guards)."""
+    not invalidate a compiled step's guards). ``packed``: the benchmark's oneDNN-packed weights, which a compiled
+    step calls through an opaque operator (``packed_linear``); compared with the unpacked model run eagerly."""
+    if packed and not packed_available():
+        pytest.skip("this torch build has no oneDNN reordered-weight linear")
     fl = _frames(smooth.config, 4, adapted=False)
-    (act_c, tok_c, _), (act_e, tok_e, _) = (_run(smooth, fl, g, stance, max_inflight=1, k=8)
-                                            for g, stance in (("compile", "fail_on_recompile"), ("off", "default")))
+    compiled = smooth
+    if packed:
+        compiled = copy.deepcopy(smooth)
+        use_onednn(compiled)
+    (act_c, tok_c, _), (act_e, tok_e, _) = (_run(m, fl, g, stance, max_inflight=1, k=8) for m, g, stance in
+                                            ((compiled, "compile", "fail_on_recompile"), (smooth, "off", "default")))
     assert tok_c == tok_e and len(tok_c) >= 3  # k=8: each admitted request finishes on its frame
     for a, b in zip(act_c, act_e, strict=True):
         assert all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))

@@ -79,15 +79,17 @@ def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: 
 def summary(res: dict) -> str:
     """Markdown tables of the three parts."""
     g = res["config"].get("graphs", "off")
-    lines = [f"| stage | eager ms (median) | fused ms (median) | graphs ({g}) ms | fused speedup | graphs speedup "
-             "| target | ATen ops eager / fused |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| stage | eager ms (median) | fused ms (median) | graphs ({g}) ms | compute floor ms | fused speedup "
+             "| graphs speedup | bound (eager / floor) | target | ATen ops eager / fused |", "|" + "---|" * 10]
     for name, s in res["stages"].items():
         target = TARGETS["decode" if name.startswith("decode") else name]
         gms = f"{1e3 * s['graphs_s']:.1f}" + (f" (B={s['graphs_bucket']})" if "graphs_bucket" in s else "") \
             if "graphs_s" in s else "-"
         gx = f"{s['graphs_speedup']:.2f}x" if "graphs_speedup" in s else "-"
+        floor, bound = (f"{1e3 * s['floor_s']:.1f}", f"{s['bound']:.2f}x") if "floor_s" in s else ("-", "-")
         lines.append(f"| {name.replace('_B', ' B=')} | {1e3 * s['eager_s']:.1f} | {1e3 * s['fused_s']:.1f} | {gms} | "
-                     f"{s['speedup']:.2f}x | {gx} | >= {target}x | {s['eager_ops']} / {s['fused_ops']} |")
+                     f"{floor} | {s['speedup']:.2f}x | {gx} | {bound} | >= {target}x | "
+                     f"{s['eager_ops']} / {s['fused_ops']} |")
     if "points" in res:
         lines += ["", "| engine | N | k | d | graphs | action Hz (mean) | action Hz (median) | tokens/s "
                   "| frame ms mean / median | stalls | speedup mean | speedup median |", "|" + "---|" * 12]
@@ -136,6 +138,9 @@ def plot(res: dict, path: Path) -> Path:
            color="tab:purple", label=f"graphs ({graphs})")
     for i, n in enumerate(names):
         ax.hlines(TARGETS["decode" if n.startswith("decode") else n], i - 0.4, i + 0.4, colors="k", linestyles="--")
+    bounded = [i for i, n in enumerate(names) if "bound" in st[n]]
+    ax.scatter(bounded, [st[names[i]]["bound"] for i in bounded], marker="v", color="tab:red", zorder=3,
+               label="bound: eager / compute floor")
     ax.set_xticks(range(len(names)), [n.replace("_B", "\nB=") for n in names])
     ax.set_ylabel("speedup over eager")
     ax.set_title("stages vs eager (dashed: target)")

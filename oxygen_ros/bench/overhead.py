@@ -3,6 +3,10 @@ static-shape steps of ``engine/graphs.py`` (captured CUDA graphs, torch.compile 
 
 Every repeat runs each variant once, alternating (A B A B ...), so a noisy host slows both alike; the speedup is
 the median of the per-repeat ratios (and the ratio of the medians is kept beside it).
+
+Beside them, each stage's **compute floor**: the time its matrix products and attention kernels take inside the
+fused stage (profiler self time, median of a few calls). Removing every other cost cannot make the stage faster
+than that on this host, so ``eager / floor`` bounds what fusing, compiling or capturing can reach here.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from oxygen_ros.bench.observation import dummy_observation
@@ -20,6 +25,11 @@ from oxygen_ros.engine.graphs import FrameGraphs, resolve_backend
 from oxygen_ros.engine.timing import synchronize
 
 VARIANTS = ("eager", "fused")
+# the kernels that do a stage's arithmetic (matrix products, attention); everything else is overhead to remove
+COMPUTE_KERNELS = ("mkldnn::_linear_pointwise", "aten::mkldnn_linear", "aten::mm", "aten::addmm", "aten::bmm",
+                   "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                   "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
+                   "aten::_scaled_dot_product_cudnn_attention")
 
 
 class _OpCounter(TorchDispatchMode):
@@ -40,6 +50,22 @@ def count_ops(fn: Callable[[], object]) -> int:
     return counter.count
 
 
+def compute_floor(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float:
+    """Seconds per call of ``fn`` spent in :data:`COMPUTE_KERNELS` (self time; device time on CUDA), median."""
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    totals = []
+    for _ in range(repeats):
+        with profile(activities=activities) as prof:
+            fn()
+            synchronize(device)
+        if cuda:  # kernels have their own names on the device: everything the device ran
+            totals.append(sum(e.self_device_time_total for e in prof.key_averages()) * 1e-6)
+        else:
+            totals.append(sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in COMPUTE_KERNELS) * 1e-6)
+    return statistics.median(totals)
+
+
 def _time(fn: Callable[[], object], device: torch.device) -> float:
     synchronize(device)
     t0 = time.perf_counter()
@@ -50,7 +76,8 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 
 def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict:
     """Interleaved timing of ``fns`` (variant -> call) on ``model``, each run with ``model.fused`` set to match
-    (only ``eager`` runs unfused). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present."""
+    (only ``eager`` runs unfused). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present;
+    ``floor_s`` / ``bound``: the fused stage's compute floor (:func:`compute_floor`) and eager / floor."""
     times: dict[str, list[float]] = {v: [] for v in fns}
     for rep in range(warmup + repeats):
         for v, fn in fns.items():
@@ -63,6 +90,8 @@ def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats
         model.use_fused(v != "eager")
         out[f"{v}_ops"] = count_ops(fns[v])
     model.use_fused(True)
+    out["floor_s"] = compute_floor(fns["fused"], model.device)
+    out["bound"] = out["eager_s"] / out["floor_s"]
     out["speedup"] = statistics.median(e / f for e, f in zip(times["eager"], times["fused"], strict=True))
     out["ratio_of_medians"] = out["eager_s"] / out["fused_s"]
     if "graphs" in times:

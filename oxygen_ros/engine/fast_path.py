@@ -100,7 +100,6 @@ def layer_forward(stack: GemmaStack, fs: FusedStack, i: int, h: torch.Tensor, n_
     """One Gemma layer on hidden states h [B, T, W]."""
     g = stack.cfg
     b, t, _ = h.shape
-    layer = stack.layers[i]
     x = normed(h, n_in, g.rms_eps)
     qkv = fs.qkv[i](x) if lora is None else lora.fused_delta(i, "qkv", x, fs.qkv[i](x), fs.qkv[i].splits)
     heads = g.num_heads + g.num_kv_heads
@@ -108,14 +107,14 @@ def layer_forward(stack: GemmaStack, fs: FusedStack, i: int, h: torch.Tensor, n_
     qk = torch.addcmul(qk * cos, torch.roll(qk, g.head_dim // 2, -1), sin)
     v = qkv[..., heads * g.head_dim:].view(b, t, g.num_kv_heads, g.head_dim)
     attn = attend(i, qk[:, :, :g.num_heads], qk[:, :, g.num_heads:], v)
-    o = layer.self_attn.o_proj(attn) if lora is None else lora.fused_delta(i, "o", attn, layer.self_attn.o_proj(attn))
+    o = fs.o[i](attn) if lora is None else lora.fused_delta(i, "o", attn, fs.o[i](attn))
     h = residual(h, o, n_in[2])
     x = normed(h, n_post, g.rms_eps)
     gu = fs.gate_up[i](x) if lora is None else lora.fused_delta(i, "gate_up", x, fs.gate_up[i](x),
                                                                              fs.gate_up[i].splits)
     gate, up = gu.chunk(2, -1)
     inner = F.gelu(gate, approximate="tanh") * up
-    down = layer.mlp.down_proj
+    down = fs.down[i]
     y = down(inner) if lora is None else lora.fused_delta(i, "down", inner, down(inner))
     return residual(h, y, n_post[2])
 

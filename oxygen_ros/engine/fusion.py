@@ -1,4 +1,5 @@
-"""Fused weights: Q/K/V, gate/up and a stack's adaRMS dense layers concatenated into one matrix each.
+"""Fused weights: Q/K/V, gate/up and a stack's adaRMS dense layers concatenated into one matrix each (and the
+output and down projections behind the same interface, so the fast path can run them all on packed weights).
 
 The parameters keep their modules and names (checkpoint keys, loading and saving are unchanged): after fusing they
 are views into the concatenated tensor, so in-place loads (``load_state_dict``, ``copy_``) and optimiser steps
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .packed_linear import PackedWeight, packed_available
 
 PACK_MAX_ROWS = 64  # oneDNN's packed inner product only for small row counts (decode, denoise)
 
@@ -38,38 +41,39 @@ class FusedLinear:
         self.bias = alias_concat([lin.bias for lin in linears]) if linears[0].bias is not None else None
         self.splits = [lin.out_features for lin in linears]
         self._first = linears[0].weight
-        self._packed: tuple | None = None
+        self._packed: PackedWeight | None = None
 
     def valid(self) -> bool:
         """Whether the first source parameter still lives in the fused storage."""
         return self._first.data_ptr() == self.weight.data_ptr() and self._first.device == self.weight.device
 
     def pack(self) -> None:
-        """Keep a oneDNN-packed copy for small-row calls (fp32 on CPU only; see ``cpu_kernels``)."""
+        """Keep a oneDNN-packed copy for small-row calls (fp32 on CPU only; ``packed_linear``)."""
         w = self.weight
-        if w.dtype == torch.float32 and w.device.type == "cpu" and torch.backends.mkldnn.is_available():
-            self._packed = (w.detach().to_mkldnn(), None if self.bias is None else self.bias.detach().to_mkldnn())
+        if w.dtype == torch.float32 and w.device.type == "cpu" and packed_available():
+            self._packed = PackedWeight(w, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         p = self._packed
-        small = x.numel() <= PACK_MAX_ROWS * x.shape[-1] and x.dtype == torch.float32
-        if p is None or not small or torch.compiler.is_compiling():  # a compiler plans its own kernels
-            return F.linear(x, self.weight, self.bias)
-        y = torch._C._nn.mkldnn_linear(x.reshape(-1, x.shape[-1]).to_mkldnn(), p[0], p[1])
-        return y.to_dense().view(*x.shape[:-1], self.weight.shape[0])
+        if p is None or x.numel() > PACK_MAX_ROWS * x.shape[-1] or x.dtype != torch.float32:
+            return F.linear(x, self.weight, self.bias)  # many rows (prefill): MKL's GEMM is efficient there
+        return p(x)  # compiled steps too, through the opaque custom op
 
 
 @dataclass
 class FusedStack:
     """The fused weights of one Gemma stack (backbone or action expert).
 
-    ``qkv[i]`` / ``gate_up[i]``: layer i's projections; norms are numbered 2i (input), 2i + 1 (post-attention) and
+    ``qkv[i]`` / ``gate_up[i]``: layer i's fused projections, ``o[i]`` / ``down[i]`` its output and down projections
+    (one matrix each, the same interface); norms are numbered 2i (input), 2i + 1 (post-attention) and
     2L (final). RMSNorm stacks: ``norm_weight`` [2L + 1, W] (the weights as stored, applied as 1 + w). adaRMS
     stacks: ``cond`` maps the time condition to every norm's (scale, shift, gate): [.., (2L + 1) * 3 * W].
     """
 
     qkv: list[FusedLinear]
     gate_up: list[FusedLinear]
+    o: list[FusedLinear]
+    down: list[FusedLinear]
     norm_weight: torch.Tensor | None
     cond: FusedLinear | None
     packed: bool = False
@@ -83,11 +87,13 @@ class FusedStack:
         with torch.no_grad():
             qkv = [FusedLinear([lyr.self_attn.q_proj, lyr.self_attn.k_proj, lyr.self_attn.v_proj]) for lyr in layers]
             gate_up = [FusedLinear([lyr.mlp.gate_proj, lyr.mlp.up_proj]) for lyr in layers]
+            o = [FusedLinear([lyr.self_attn.o_proj]) for lyr in layers]
+            down = [FusedLinear([lyr.mlp.down_proj]) for lyr in layers]
             if hasattr(norms[0], "dense"):
                 norm_weight, cond = None, FusedLinear([n.dense for n in norms])
             else:
                 norm_weight, cond = alias_concat([n.weight for n in norms]).view(len(norms), -1), None
-        fs = FusedStack(qkv, gate_up, norm_weight, cond)
+        fs = FusedStack(qkv, gate_up, o, down, norm_weight, cond)
         if packed:
             fs.pack()
         return fs
@@ -103,5 +109,5 @@ class FusedStack:
     def pack(self) -> None:
         """oneDNN-packed copies of the projection matrices (CPU fp32 small-row calls)."""
         self.packed = True
-        for f in (*self.qkv, *self.gate_up):
+        for f in (*self.qkv, *self.gate_up, *self.o, *self.down):
             f.pack()
