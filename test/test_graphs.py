@@ -1,7 +1,8 @@
-"""Static shapes and captured graphs (engine/graphs.py) against the eager reference: every engine mode with a LoRA
-adapter (its rows stay eager) and an extra action head, k=auto, a pool filled and reused over many frames; the
-static steps trace as one graph each (nothing inside syncs with the host, so CUDA can capture them); torch.compile
-of them gives the same tokens. CUDA capture itself runs in ``scripts/gpu_bench.sh`` (no GPU here)."""
+"""Static shapes and captured graphs (engine/graphs.py) against the eager reference: the padded prefill, the denoise
+and the decode steps, in every engine mode with a LoRA adapter (its rows stay eager) and an extra action head,
+k=auto, a pool filled and reused over many frames; the static steps trace as one graph each (nothing inside syncs
+with the host, so CUDA can capture them); torch.compile of them gives the same tokens. CUDA capture itself runs in
+``scripts/gpu_bench.sh`` (no GPU here)."""
 
 from __future__ import annotations
 
@@ -123,10 +124,10 @@ def test_static_steps_trace_as_one_graph_each(smooth: Pi05Model) -> None:
     eng.step(Frame(make_observation(smooth.config, prompt_lens=[9]), [LanguageRequest("memory", 6)], _noise(
         smooth.config, 0)))
     torch._dynamo.reset()
-    for fn in (graphs._denoise[0].fn, graphs._decode[graphs.buckets[-1]].fn):
-        expect = fn().clone()
-        got = torch.compile(fn, backend="eager", fullgraph=True)()
-        assert torch.equal(got, expect)
+    for fn in (graphs._prefill.fn, graphs._denoise[0].fn, graphs._decode[graphs.buckets[-1]].fn):
+        expect = [t.clone() for t in torch.utils._pytree.tree_leaves(fn())]
+        got = torch.utils._pytree.tree_leaves(torch.compile(fn, backend="eager", fullgraph=True)())
+        assert len(got) == len(expect) and all(torch.equal(g, e) for g, e in zip(got, expect, strict=True))
 
 
 @pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])

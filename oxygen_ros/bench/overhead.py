@@ -104,9 +104,9 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
                    prompt_len: int | None = None, graphs: str = "off") -> dict:
     """Fused vs eager per stage: ``{"prefill": .., "denoise": .., "decode_B<b>": ..}`` from :func:`side_by_side`.
 
-    ``graphs`` (a ``graphs.py`` backend other than off): the denoise and decode stages also time that backend's
-    static-shape step (variant ``graphs``; a decode of B rows runs as the engine would, at the bucket covering B;
-    its first call, which compiles or captures, is the warm-up)."""
+    ``graphs`` (a ``graphs.py`` backend other than off): every stage also times that backend's static-shape step
+    (variant ``graphs``; a decode of B rows runs as the engine would, at the bucket covering B; its first call,
+    which compiles or captures, is the warm-up)."""
     cfg, dev = model.config, model.device
     obs = dummy_observation(model, 1, prompt_len)
     max_b = max(batches)
@@ -115,7 +115,10 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
     if resolve_backend(graphs, dev) != "off":
         static = FrameGraphs(model, cache, [model.head_parts()], cfg.num_steps, graphs)
     rows = slice(0, 1)
-    res = {"prefill": side_by_side(model, {v: lambda: model.prefill(obs, cache, rows) for v in VARIANTS}, repeats)}
+    fns = {v: lambda: model.prefill(obs, cache, rows) for v in VARIANTS}
+    if static is not None:
+        fns["graphs"] = lambda: static.prefill(obs, 0)
+    res = {"prefill": side_by_side(model, fns, repeats)}
     prefix = model.prefill(obs, cache, rows)
     noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, device=dev)
     fns = {v: lambda: model.denoise(prefix, cache, noise) for v in VARIANTS}

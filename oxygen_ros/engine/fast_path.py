@@ -125,15 +125,19 @@ def rms_norms(fs: FusedStack) -> list[Norm]:
 
 
 # ------------------------------------------------------------------------------------------------ stages
-def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache, rows: slice) -> torch.Tensor:
-    """The backbone over prefix embeddings [B, P, W] (bidirectional over valid tokens); K/V into ``cache`` rows.
-    Returns the last layer's hidden states [B, P, W] (not normed)."""
+def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache | None, rows: slice | None,
+            rope: RopeTable | None = None,
+            views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
+    """The backbone over prefix embeddings [B, P, W] (bidirectional over valid tokens); K/V into ``cache`` rows, or
+    into per-layer ``views`` [B, Hkv, >= P, D]. Returns the last layer's hidden states [B, P, W] (not normed).
+    ``rope``: a table covering P positions (else one is looked up, which reads the largest position back)."""
     stack = model.backbone
     fs, g = stack.fused(), stack.cfg
     b, p = valid.shape
-    cos, sin = rope_tables(model, valid.cumsum(1) - 1)
+    positions = valid.cumsum(1) - 1
+    cos, sin = rope_tables(model, positions) if rope is None else rope.lookup(positions)
     mask = additive_mask(valid[:, None, :].expand(b, p, p), g.num_heads // g.num_kv_heads, embs.dtype)
-    kv = cache.layer_views(rows)
+    kv = views if views is not None else cache.layer_views(rows)
 
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k, v = k.transpose(1, 2), v.transpose(1, 2)

@@ -1,9 +1,11 @@
-"""Static shapes and captured graphs for a frame's hot loops: the S-step denoise and the batched decode step.
+"""Static shapes and captured graphs for a frame's stages: the prefill, the S-step denoise and the decode step.
 
-Both loops launch thousands of small kernels per frame; at robot batch sizes that launch cost, not the
-arithmetic, is the frame time on a GPU. Here each loop runs with shapes fixed in advance, so it can be captured
+The loops launch thousands of small kernels per frame; at robot batch sizes that launch cost, not the
+arithmetic, is the frame time on a GPU. Here each stage runs with shapes fixed in advance, so it can be captured
 once and replayed:
 
+- **prefill** at its fixed padded length (the prompt padded to ``max_token_len``): SigLIP and the backbone over
+  persistent input tensors, K/V into the staging buffer, then copied into the frame's slot;
 - **denoise**, per action head: the frame's prefix K/V is copied from its cache slot into a staging buffer of the
   model's longest prefix (positions past this frame's prefix masked), and the whole S-step loop
   (``fast_path.denoise_kv``) runs over it, its time conditioning computed once at construction;
@@ -17,7 +19,8 @@ captured), ``cuda`` captures a CUDA graph per step and replays it, ``compile`` r
 (:meth:`FrameGraphs.warm_up`); used directly, a step is captured or compiled on first use, which is correct too,
 since a step is idempotent.
 Forwards these shapes do not cover run eagerly: LoRA rows, speculative multi-token rows, batches of several
-observations. Eager (``graphs='off'``) stays the reference; the tests hold every backend to it.
+observations. The static prefix is always ``max_prefix_len`` long (its padding invalid), so language requests
+append after it. Eager (``graphs='off'``) stays the reference; the tests hold every backend to it.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from . import fast_path
 from .fast_path import RopeTable
 from .kv_cache import KVCache
 from .modes import GRAPH_BACKENDS
+from .observation import Observation
 from .parts import HeadParts, Prefix
 
 
@@ -114,6 +118,13 @@ class FrameGraphs:
         self.num_valid = torch.zeros(1, dtype=torch.long, device=dev)
         self.noise = [torch.zeros(1, h.horizon, h.action_in_proj.in_features, device=dev) for h in heads]
         self._denoise = [self._denoise_fn(i, h, num_steps) for i, h in enumerate(heads)]
+        cfg = model.config
+        size = cfg.vision.image_size
+        self.obs = Observation(torch.zeros(1, cfg.num_cameras, 3, size, size, dtype=model.dtype, device=dev),
+                               torch.zeros(1, cfg.num_cameras, dtype=torch.bool, device=dev),
+                               torch.zeros(1, cfg.max_token_len, dtype=torch.long, device=dev),
+                               torch.zeros(1, cfg.max_token_len, dtype=torch.bool, device=dev))
+        self._prefill = _Replay(self._prefill_fn(), self.backend)
         self.buckets = decode_buckets(cache.num_slots)
         self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in self.buckets}
         self._decode = {b: _Replay(self._decode_fn(b), self.backend) for b in self.buckets}
@@ -125,9 +136,51 @@ class FrameGraphs:
             for b in self.buckets:
                 self._inputs[b].zero_()
                 self._decode[b]()
+            self.obs.image_masks.fill_(True)
+            self.obs.token_mask[:, 0] = True  # one valid token: no all-masked softmax (NaN) in the staging K/V
+            self._prefill()
             for run in self._denoise:
                 run()
             self.cache.valid.zero_()
+
+    # ------------------------------------------------------------------------------------------ prefill
+    def _prefill_fn(self) -> Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        model, p = self.model, self.prefix_len
+        depth = model.config.backbone.depth
+        views = ([self.stage_k[j] for j in range(depth)], [self.stage_v[j] for j in range(depth)])
+        positions = torch.arange(p, device=self.stage_k.device)
+
+        def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+            embs, valid = model.embed_prefix(self.obs)
+            h = fast_path.prefill(model, embs, valid, None, None, self.rope, views)
+            last = positions.masked_fill(~valid[0], -1).argmax().view(1)  # a device index: no host read
+            last_hidden, _ = model.backbone.norm(h.index_select(1, last)[:, 0])
+            return valid, valid.sum(1), last_hidden
+
+        return run
+
+    def covers_observation(self, obs: Observation) -> bool:
+        """Whether ``obs`` is one observation whose prompt fits the static prefill."""
+        return obs.batch_size == 1 and obs.tokens.shape[1] <= self.obs.tokens.shape[1]
+
+    @torch.no_grad()
+    def prefill(self, obs: Observation, slot: int) -> Prefix:
+        """Prefill one observation (on the model's device and dtype) into cache slot ``slot``, at the padded
+        length ``max_prefix_len``."""
+        x, n = self.obs, obs.tokens.shape[1]
+        x.images.copy_(obs.images)
+        x.image_masks.copy_(obs.image_masks)
+        x.tokens.zero_()
+        x.tokens[:, :n].copy_(obs.tokens)
+        x.token_mask.zero_()
+        x.token_mask[:, :n].copy_(obs.token_mask)
+        valid, num_valid, last_hidden = self._prefill()
+        p, c = self.prefix_len, self.cache
+        c.k[:, slot:slot + 1, :, :p].copy_(self.stage_k[:, :, :, :p])
+        c.v[:, slot:slot + 1, :, :p].copy_(self.stage_v[:, :, :, :p])
+        c.valid[slot] = False
+        c.valid[slot:slot + 1, :p].copy_(valid)
+        return Prefix(slice(slot, slot + 1), p, num_valid.clone(), last_hidden.clone())
 
     # ------------------------------------------------------------------------------------------ denoise
     def _denoise_fn(self, i: int, head: HeadParts, num_steps: int) -> _Replay:

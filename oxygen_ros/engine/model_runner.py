@@ -78,7 +78,9 @@ class ModelRunner:
         return obs.to(self.model.device, self.model.dtype)
 
     def prefill(self, obs: Observation, slot: int) -> Prefix:
-        """Prefill the observation into cache slot ``slot``."""
+        """Prefill the observation into cache slot ``slot`` (static-shape, at the padded length, with graphs)."""
+        if self.graphs is not None and self.graphs.covers_observation(obs):
+            return self.graphs.prefill(obs, slot)
         return self.model.prefill(obs, self.cache, slice(slot, slot + 1))
 
     def denoise(self, prefix: Prefix, noise: torch.Tensor | list[torch.Tensor] | tuple | None) -> list[torch.Tensor]:
