@@ -243,12 +243,9 @@ class FrameGraphs:
         """Whether a decode over ``rows`` is one of the static steps (slots ``[0, bucket)``)."""
         return rows.start == 0 and rows.stop in self._decode
 
-    def decode(self, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
-               write_index: torch.Tensor) -> list[int]:
-        """One decode step over slots ``rows`` (a bucket, :meth:`covers`): the greedy next token of every row."""
-        b = rows.stop
-        x = self._inputs[b]
-        x[0].copy_(tokens)
-        x[1].copy_(positions)
-        x[2].copy_(write_index)
-        return self._decode[b]().tolist()  # the frame's one host synchronisation per forward
+    def decode(self, rows: slice, inputs: torch.Tensor) -> list[int]:
+        """One decode step over slots ``rows`` (a bucket, :meth:`covers`) from ``inputs`` [3, bucket] (tokens,
+        RoPE positions, write indices; on the host or the device: one copy into the step's persistent inputs);
+        the greedy next token of every row."""
+        self._inputs[rows.stop].copy_(inputs)
+        return self._decode[rows.stop]().tolist()  # the frame's one host synchronisation per forward

@@ -33,6 +33,7 @@ class DecodeInputs:
     write_index: torch.Tensor  # [B] cache index each row writes its K/V at
     attn_len: int  # rows attend to their valid positions in [0, attn_len)
     lora: LoraAdapter | LoraSet | None  # the adapter(s) of the active rows, row masks set (None: base model only)
+    block: torch.Tensor | None = None  # [3, B] tokens / positions / write indices of a one-token forward
 
 
 class ModelRunner:
@@ -55,6 +56,11 @@ class ModelRunner:
         backend = resolve_backend(config.graphs, model.device)
         # static-shape / captured denoise and decode steps (graphs.py); None: eager
         self.graphs = FrameGraphs(model, self.cache, self.heads, self.num_steps, backend) if backend != "off" else None
+        # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
+        # (through its numpy view: no tensor built per forward) and copied to the device once
+        self._device = model.device
+        self._host_inputs = torch.zeros(3, num_slots, dtype=torch.long, pin_memory=self._device.type == "cuda")
+        self._host_rows = self._host_inputs.numpy()
 
     @property
     def device(self) -> torch.device:
@@ -129,18 +135,25 @@ class ModelRunner:
         """
         n = len(batch.rows)
         tokens, positions, writes = [0] * n, [0] * n, [0] * n
-        adapted: list[LoraAdapter | None] = [None] * n
         active = {r.slot for r in batch.active}
         for i, r in enumerate(batch.rows):
-            if r is None:
-                continue
-            positions[i] = r.num_valid + r.fed
-            writes[i] = r.prefix_len + r.fed
-            if r.slot in active:
-                tokens[i] = r.next_token
-                adapted[i] = self.adapter_of(r.request)
-        inputs = torch.tensor([tokens, positions, writes], device=self.device)
-        return DecodeInputs(batch.slots, inputs[0], inputs[1], inputs[2], max(writes) + 1, self._lora(adapted))
+            if r is not None:
+                positions[i] = r.num_valid + r.fed
+                writes[i] = r.prefix_len + r.fed
+                if r.slot in active:
+                    tokens[i] = r.next_token
+        buf = self._host_rows  # numpy fills from lists in microseconds; torch.tensor(lists) takes ~100 us
+        buf[0, :n], buf[1, :n], buf[2, :n] = tokens, positions, writes
+        attn_len = max(writes) + 1
+        lora = None
+        if self.adapter is not None or self.adapters:
+            lora = self._lora([self.adapter_of(r.request) if r is not None and r.slot in active else None
+                               for r in batch.rows])
+        block = self._host_inputs[:, :n]
+        if lora is not None or self.graphs is None or not self.graphs.covers(batch.slots):
+            block = block.to(self._device, copy=True)  # eager: a device copy (the buffer is reused next forward)
+        # else a static step copies the host block straight into its persistent inputs (run_decode, right away)
+        return DecodeInputs(batch.slots, block[0], block[1], block[2], attn_len, lora, block)
 
     def prepare_decode_multi(self, batch: DecodeBatch, feeds: list[tuple[list[int], int]]) -> DecodeInputs:
         """Inputs of a forward whose active rows feed several tokens each (``feeds``, per ``batch.active``): every
@@ -184,9 +197,10 @@ class ModelRunner:
         return self.graphs.decode_bucket(batch.lo + len(batch.rows))
 
     def run_decode(self, inputs: DecodeInputs) -> list[int]:
-        """One batched decode forward, in place in the cache; the greedy next token of every row."""
+        """One batched decode forward, in place in the cache; the greedy next token of every row. Run it before the
+        next :meth:`prepare_decode` (which reuses the host buffer a static step reads)."""
         if self.graphs is not None and inputs.lora is None and self.graphs.covers(inputs.rows):
-            return self.graphs.decode(inputs.rows, inputs.tokens, inputs.positions, inputs.write_index)
+            return self.graphs.decode(inputs.rows, inputs.block)
         logits = self.model.decode_step(self.cache, inputs.rows, inputs.tokens, inputs.positions, inputs.write_index,
                                         inputs.attn_len, inputs.lora)
         return logits.argmax(-1).tolist()

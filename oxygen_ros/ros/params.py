@@ -197,9 +197,9 @@ class NodeParams:
     overflow: str = param('reject_newest',
         'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
     graphs: str = param('off',
-        'Static-shape denoise loop and decode steps: off (eager, the reference) | auto (captured CUDA graphs on '
-        'cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static. LoRA and '
-        'speculative forwards stay eager.', choices=GRAPH_BACKENDS)
+        'Static-shape prefill, denoise loop and decode steps: off (eager, the reference) | auto (captured CUDA '
+        'graphs on cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static. '
+        'LoRA and speculative forwards stay eager.', choices=GRAPH_BACKENDS)
     # --- inputs
     camera_names: tuple[str, ...] = param((),
         'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '
