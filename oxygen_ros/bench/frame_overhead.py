@@ -144,7 +144,10 @@ def plot(res: dict, path: Path) -> Path:
     ax.set_xticks(range(len(names)), [n.replace("_B", "\nB=") for n in names])
     ax.set_ylabel("speedup over eager")
     ax.set_title("stages vs eager (dashed: target)")
-    ax.legend()
+    tops = [v for n in names for v in (st[n]["speedup"], st[n].get("graphs_speedup", 0.0), st[n].get("bound", 0.0),
+                                       TARGETS["decode" if n.startswith("decode") else n])]
+    ax.set_ylim(0, 1.45 * max(tops))  # room for the legend above the bars
+    ax.legend(loc="upper left", fontsize="small")
     if "points" in res:
         ax = axes[parts.index("points")]
         pts = res["points"]
