@@ -5,8 +5,9 @@ Every repeat runs each variant once, alternating (A B A B ...), so a noisy host 
 the median of the per-repeat ratios (and the ratio of the medians is kept beside it).
 
 Beside them, each stage's **compute floor**: the time its matrix products and attention kernels take inside the
-fused stage (profiler self time, median of a few calls). Removing every other cost cannot make the stage faster
-than that on this host, so ``eager / floor`` bounds what fusing, compiling or capturing can reach here.
+fused stage (profiler self time, median of a few calls; on CUDA every kernel's device time, the busy time that no
+removal of launch overhead goes below). Removing every other cost cannot make the stage faster than that on this
+host, so ``eager / floor`` bounds what fusing, compiling or capturing can reach here.
 """
 
 from __future__ import annotations
