@@ -5,7 +5,7 @@ Every repeat runs each variant once, alternating (A B A B ...), so a noisy host 
 the median of the per-repeat ratios (and the ratio of the medians is kept beside it).
 
 Beside them, each stage's **compute floor**: the time its matrix products and attention kernels take inside the
-fused stage (profiler self time, median of a few calls; on CUDA every kernel's device time, the busy time that no
+fused stage (profiler self time, one profiled call per round; on CUDA every kernel's device time, the busy time that no
 removal of launch overhead goes below). Removing every other cost cannot make the stage faster than that on this
 host, so ``eager / floor`` bounds what fusing, compiling or capturing can reach here.
 """
@@ -53,8 +53,8 @@ def count_ops(fn: Callable[[], object]) -> int:
 
 
 def compute_floor(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float | None:
-    """Seconds per call of ``fn`` spent in :data:`COMPUTE_KERNELS` (self time; device time on CUDA), median.
-    None when the profiler cannot run here (no CUPTI, say): the benchmark goes on without a floor."""
+    """Seconds per call of ``fn`` spent in :data:`COMPUTE_KERNELS` (self time; device time on CUDA), median over
+    ``repeats`` calls. None when the profiler cannot run here (no CUPTI, say): the benchmark goes on without one."""
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
     totals = []
@@ -84,22 +84,28 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict:
     """Interleaved timing of ``fns`` (variant -> call) on ``model``, each run with ``model.fused`` set to match
     (only ``eager`` runs unfused). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present;
-    ``floor_s`` / ``bound``: the fused stage's compute floor (:func:`compute_floor`) and eager / floor."""
+    ``floor_s`` / ``bound``: the fused stage's compute floor (:func:`compute_floor`, once per round) and the
+    median of the paired ratios eager / floor."""
     times: dict[str, list[float]] = {v: [] for v in fns}
+    floors: list[float] = []
     for rep in range(warmup + repeats):
         for v, fn in fns.items():
             model.use_fused(v != "eager")
             t = _time(fn, model.device)
             if rep >= warmup:
                 times[v].append(t)
+        if rep >= warmup and floors is not None:  # the floor in the same rounds, paired with their eager call
+            model.use_fused(True)
+            f = compute_floor(fns["fused"], model.device, repeats=1)
+            floors = None if f is None else [*floors, f]
     out = {f"{v}_s": statistics.median(ts) for v, ts in times.items()}
     for v in VARIANTS:  # a compiled or captured step dispatches no ATen operations one by one
         model.use_fused(v != "eager")
         out[f"{v}_ops"] = count_ops(fns[v])
     model.use_fused(True)
-    floor = compute_floor(fns["fused"], model.device)
-    if floor:
-        out["floor_s"], out["bound"] = floor, out["eager_s"] / floor
+    if floors and all(floors):
+        out["floor_s"] = statistics.median(floors)
+        out["bound"] = statistics.median(e / f for e, f in zip(times["eager"], floors, strict=True))
     out["speedup"] = statistics.median(e / f for e, f in zip(times["eager"], times["fused"], strict=True))
     out["ratio_of_medians"] = out["eager_s"] / out["fused_s"]
     if "graphs" in times:
