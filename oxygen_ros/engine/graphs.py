@@ -125,6 +125,7 @@ class FrameGraphs:
                                torch.zeros(1, cfg.max_token_len, dtype=torch.long, device=dev),
                                torch.zeros(1, cfg.max_token_len, dtype=torch.bool, device=dev))
         self._prefill = _Replay(self._prefill_fn(), self.backend)
+        self._staged: Prefix | None = None  # the prefix the staging buffer holds (the static prefill wrote it)
         self.buckets = decode_buckets(cache.num_slots)
         self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in self.buckets}
         self._decode = {b: _Replay(self._decode_fn(b), self.backend) for b in self.buckets}
@@ -142,6 +143,7 @@ class FrameGraphs:
             for run in self._denoise:
                 run()
             self.cache.valid.zero_()
+            self._staged = None
 
     # ------------------------------------------------------------------------------------------ prefill
     def _prefill_fn(self) -> Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -180,7 +182,10 @@ class FrameGraphs:
         c.v[:, slot:slot + 1, :, :p].copy_(self.stage_v[:, :, :, :p])
         c.valid[slot] = False
         c.valid[slot:slot + 1, :p].copy_(valid)
-        return Prefix(slice(slot, slot + 1), p, num_valid.clone(), last_hidden.clone())
+        self.stage_valid.copy_(valid)
+        self.num_valid.copy_(num_valid)
+        self._staged = Prefix(slice(slot, slot + 1), p, num_valid.clone(), last_hidden.clone())
+        return self._staged
 
     # ------------------------------------------------------------------------------------------ denoise
     def _denoise_fn(self, i: int, head: HeadParts, num_steps: int) -> _Replay:
@@ -204,13 +209,14 @@ class FrameGraphs:
     @torch.no_grad()
     def denoise(self, prefix: Prefix, noises: list[torch.Tensor]) -> list[torch.Tensor]:
         """One [H, A] chunk per head from a one-observation ``prefix`` (its slot is only read)."""
-        slot, p = prefix.rows.start, prefix.length
-        c = self.cache
-        self.stage_k[:, :, :, :p].copy_(c.k[:, slot:slot + 1, :, :p])
-        self.stage_v[:, :, :, :p].copy_(c.v[:, slot:slot + 1, :, :p])
-        self.stage_valid.zero_()
-        self.stage_valid[:, :p].copy_(c.valid[slot:slot + 1, :p])
-        self.num_valid.copy_(prefix.num_valid)
+        if prefix is not self._staged:  # the static prefill left this frame's prefix staged already
+            slot, p = prefix.rows.start, prefix.length
+            c = self.cache
+            self.stage_k[:, :, :, :p].copy_(c.k[:, slot:slot + 1, :, :p])
+            self.stage_v[:, :, :, :p].copy_(c.v[:, slot:slot + 1, :, :p])
+            self.stage_valid.zero_()
+            self.stage_valid[:, :p].copy_(c.valid[slot:slot + 1, :p])
+            self.num_valid.copy_(prefix.num_valid)
         chunks = []
         for run, static, noise in zip(self._denoise, self.noise, noises, strict=True):
             static.copy_(noise)
