@@ -21,7 +21,7 @@ from torch import nn
 from .config import GemmaConfig
 from .fusion import FusedStack
 from .kv_cache import KVCache
-from .layers import GemmaStack, rope_cos_sin, sinusoidal_time_embedding
+from .layers import GemmaStack, rope_cos_sin, rounded_attention, sinusoidal_time_embedding
 from .lora import LoraAdapter
 from .parts import HeadParts, Prefix
 
@@ -35,19 +35,23 @@ Norm = tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]  # (scale, 
 class RopeTable:
     """cos and sign-folded sin for positions [0, length): rotating by the table equals ``apply_rope``."""
 
-    def __init__(self, g: GemmaConfig, length: int, dtype: torch.dtype, device: torch.device) -> None:
-        cos, sin = rope_cos_sin(torch.arange(length, device=device)[None], g.head_dim, g.rope_theta, dtype)
+    def __init__(self, g: GemmaConfig, length: int, dtype: torch.dtype, device: torch.device,
+                 freq_dtype: torch.dtype = torch.float32) -> None:
+        cos, sin = rope_cos_sin(torch.arange(length, device=device)[None], g.head_dim, g.rope_theta, dtype,
+                                freq_dtype)
         half = g.head_dim // 2
         self.cos = cos[0, 0]
         self.sin = torch.cat([-sin[0, 0, :, :half], sin[0, 0, :, half:]], -1)  # rotate-half's sign folded in
-        self.length, self.dtype, self.device = length, dtype, device
+        self.length, self.dtype, self.device, self.freq_dtype = length, dtype, device, freq_dtype
 
     @staticmethod
     def get(model: Pi05Model, length: int) -> RopeTable:
         """The model's table covering ``length`` positions (grown by doubling)."""
         t = model.__dict__.get("_rope_table")
-        if t is None or t.length < length or t.dtype != model.dtype or t.device != model.device:
-            t = RopeTable(model.config.backbone, max(length, 2 * (t.length if t else 256)), model.dtype, model.device)
+        if t is None or t.length < length or t.dtype != model.dtype or t.device != model.device \
+                or t.freq_dtype != model.rope_freq_dtype:
+            t = RopeTable(model.config.backbone, max(length, 2 * (t.length if t else 256)), model.dtype, model.device,
+                          model.rope_freq_dtype)
             model.__dict__["_rope_table"] = t
         return t
 
@@ -68,13 +72,15 @@ def additive_mask(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.T
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, float("-inf"))[:, None]
 
 
-def sdpa(g: GemmaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Grouped-query attention, q [B, T, Hq, D] against k, v [B, Hkv, L, D]; returns [B, T, Hq * D]."""
+def sdpa(g: GemmaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+         rounded: bool = False) -> torch.Tensor:
+    """Grouped-query attention, q [B, T, Hq, D] against k, v [B, Hkv, L, D]; returns [B, T, Hq * D].
+    ``rounded``: openpi's low-precision attention (``layers.rounded_attention``) instead of SDPA."""
     b, t = q.shape[:2]
     hkv, d = g.num_kv_heads, g.head_dim
     r = g.num_heads // hkv
     qf = q.reshape(b, t, hkv, r, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, r * t, d)
-    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=mask)
+    out = rounded_attention(qf, k, v, mask) if rounded else F.scaled_dot_product_attention(qf, k, v, attn_mask=mask)
     return out.view(b, hkv, r, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, g.num_heads * d)
 
 
@@ -83,40 +89,44 @@ def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
     return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
 
 
-def normed(x: torch.Tensor, norm: Norm, eps: float) -> torch.Tensor:
+def normed(x: torch.Tensor, norm: Norm, eps: float, rounded: bool = False) -> torch.Tensor:
+    """RMS-normed x scaled (and shifted); ``rounded``: the product rounded before the sum, as openpi's norm."""
     scale, shift, _ = norm
     y = rms(x, eps)
-    y = y * scale if shift is None else torch.addcmul(shift, y, scale)
+    y = y * scale if shift is None else y * scale + shift if rounded else torch.addcmul(shift, y, scale)
     return y.to(x.dtype)
 
 
-def residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None) -> torch.Tensor:
-    return h + y if gate is None else torch.addcmul(h, y, gate)
+def residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, rounded: bool = False) -> torch.Tensor:
+    """h + y (* gate); ``rounded``: the product rounded before the sum, as openpi's gated residual."""
+    return h + y if gate is None else h + y * gate if rounded else torch.addcmul(h, y, gate)
 
 
 def layer_forward(stack: GemmaStack, fs: FusedStack, i: int, h: torch.Tensor, n_in: Norm, n_post: Norm,
                   cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
-                  lora: LoraAdapter | None = None) -> torch.Tensor:
-    """One Gemma layer on hidden states h [B, T, W]."""
+                  lora: LoraAdapter | None = None, rounded: bool = False) -> torch.Tensor:
+    """One Gemma layer on hidden states h [B, T, W]. ``rounded``: each product rounded before its sum (openpi's
+    bf16 order of roundings, ``Pi05Model.rounded``) instead of fused multiply-adds."""
     g = stack.cfg
     b, t, _ = h.shape
-    x = normed(h, n_in, g.rms_eps)
+    x = normed(h, n_in, g.rms_eps, rounded)
     qkv = fs.qkv[i](x) if lora is None else lora.fused_delta(i, "qkv", x, fs.qkv[i](x), fs.qkv[i].splits)
     heads = g.num_heads + g.num_kv_heads
     qk = qkv[..., :heads * g.head_dim].view(b, t, heads, g.head_dim)
-    qk = torch.addcmul(qk * cos, torch.roll(qk, g.head_dim // 2, -1), sin)
+    rot = torch.roll(qk, g.head_dim // 2, -1)
+    qk = qk * cos + rot * sin if rounded else torch.addcmul(qk * cos, rot, sin)
     v = qkv[..., heads * g.head_dim:].view(b, t, g.num_kv_heads, g.head_dim)
     attn = attend(i, qk[:, :, :g.num_heads], qk[:, :, g.num_heads:], v)
     o = fs.o[i](attn) if lora is None else lora.fused_delta(i, "o", attn, fs.o[i](attn))
-    h = residual(h, o, n_in[2])
-    x = normed(h, n_post, g.rms_eps)
+    h = residual(h, o, n_in[2], rounded)
+    x = normed(h, n_post, g.rms_eps, rounded)
     gu = fs.gate_up[i](x) if lora is None else lora.fused_delta(i, "gate_up", x, fs.gate_up[i](x),
                                                                              fs.gate_up[i].splits)
     gate, up = gu.chunk(2, -1)
     inner = F.gelu(gate, approximate="tanh") * up
     down = fs.down[i]
     y = down(inner) if lora is None else lora.fused_delta(i, "down", inner, down(inner))
-    return residual(h, y, n_post[2])
+    return residual(h, y, n_post[2], rounded)
 
 
 def rms_norms(fs: FusedStack) -> list[Norm]:
@@ -143,12 +153,13 @@ def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KV
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         kv[0][i][:, :, :p].copy_(k)
         kv[1][i][:, :, :p].copy_(v)
-        return sdpa(g, q, k, v, mask)
+        return sdpa(g, q, k, v, mask, rounded)
 
+    rounded = model.rounded
     norms = rms_norms(fs)
     h = embs
     for i in range(g.depth):
-        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend)
+        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, rounded=rounded)
     return h
 
 
@@ -159,8 +170,11 @@ def time_conditioning(model: Pi05Model, head: HeadParts, times: list[float]) -> 
     w = head.action_in_proj.out_features
     t = torch.tensor(times, dtype=torch.float32, device=model.device)
     cond = sinusoidal_time_embedding(t, w).to(head.time_mlp_in.weight.dtype)
-    cond = F.silu(head.time_mlp_out(F.silu(head.time_mlp_in(cond))))
-    mod = fs.cond(cond).view(len(times), -1, 3, w)
+    def mlp(c: torch.Tensor) -> torch.Tensor:
+        return fs.cond(F.silu(head.time_mlp_out(F.silu(head.time_mlp_in(c)))))
+
+    mod = torch.cat([mlp(c[None]) for c in cond]) if model.rounded else mlp(cond)
+    mod = mod.view(len(times), -1, 3, w)
     scale = (1.0 + mod[:, :, 0].float()).unbind(0)
     shift = mod[:, :, 1].float().unbind(0)
     gate = mod[:, :, 2].to(model.dtype).unbind(0)
@@ -199,16 +213,17 @@ def denoise_kv(model: Pi05Model, head: HeadParts, ks: list[torch.Tensor], vs: li
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_scr[i].copy_(k.transpose(1, 2))
         v_scr[i].copy_(v.transpose(1, 2))
-        return sdpa(g, q, k_all[i], v_all[i], mask)
+        return sdpa(g, q, k_all[i], v_all[i], mask, rounded)
 
     dt = -1.0 / len(conds)
     x_t = noise.float()
     in_dtype, out_dtype = head.action_in_proj.weight.dtype, head.action_out_proj.weight.dtype
+    rounded = model.rounded
     for norms in conds:
         h = head.action_in_proj(x_t.to(in_dtype)).to(model.dtype)
         for i in range(g.depth):
-            h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend)
-        x_t = x_t + dt * head.action_out_proj(normed(h, norms[-1], g.rms_eps).to(out_dtype)).float()
+            h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, rounded=rounded)
+        x_t = x_t + dt * head.action_out_proj(normed(h, norms[-1], g.rms_eps, rounded).to(out_dtype)).float()
     return x_t
 
 
@@ -238,10 +253,11 @@ def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.T
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ks[i][ar, :, write_index] = k
         vs[i][ar, :, write_index] = v
-        return sdpa(g, q, ks[i][:, :, :attn_len], vs[i][:, :, :attn_len], mask)
+        return sdpa(g, q, ks[i][:, :, :attn_len], vs[i][:, :, :attn_len], mask, rounded)
 
+    rounded = model.rounded
     norms = rms_norms(fs)
     h = model.embed_tokens(tokens)
     for i in range(g.depth):
-        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, lora)
-    return model.lm_logits(normed(h, norms[-1], g.rms_eps)).float()
+        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, lora, rounded)
+    return model.lm_logits(normed(h, norms[-1], g.rms_eps, rounded)).float()

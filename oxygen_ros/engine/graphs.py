@@ -67,12 +67,12 @@ def decode_buckets(num_slots: int) -> list[int]:
 class _Replay:
     """One static-shape function behind a backend: called directly, compiled, or captured and replayed."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], backend: str) -> None:
+    def __init__(self, fn: Callable[[], torch.Tensor], backend: str, options: dict | None = None) -> None:
         self.fn, self.backend = fn, backend
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
         if backend == "compile":
-            self.fn = torch.compile(fn, dynamic=False, fullgraph=True)
+            self.fn = torch.compile(fn, dynamic=False, fullgraph=True, options=options)
 
     @torch.no_grad()
     def __call__(self) -> torch.Tensor:
@@ -106,10 +106,13 @@ class FrameGraphs:
         if self.backend == "compile":
             allow_recompiles(64)
         self.model, self.cache = model, cache
+        # a model rounding as openpi does (bfloat16_islands) keeps eager's rounding after every op when compiled
+        # (inductor would otherwise compute a fused chain of bf16 ops in float32 and round once)
+        self.compile_options = {"emulate_precision_casts": True} if model.rounded else None
         g, dev = model.config.backbone, model.device
         self.prefix_len = model.config.max_prefix_len
         horizon = max(h.horizon for h in heads)
-        self.rope = RopeTable(g, max(cache.max_len, self.prefix_len + horizon), model.dtype, dev)
+        self.rope = RopeTable(g, max(cache.max_len, self.prefix_len + horizon), model.dtype, dev, model.rope_freq_dtype)
         # staging K/V of one prefix + the action scratch, shared by the heads (they run one after another)
         shape = (g.depth, 1, g.num_kv_heads, self.prefix_len + horizon, g.head_dim)
         self.stage_k = torch.zeros(shape, dtype=cache.k.dtype, device=dev)
@@ -120,15 +123,15 @@ class FrameGraphs:
         self._denoise = [self._denoise_fn(i, h, num_steps) for i, h in enumerate(heads)]
         cfg = model.config
         size = cfg.vision.image_size
-        self.obs = Observation(torch.zeros(1, cfg.num_cameras, 3, size, size, dtype=model.dtype, device=dev),
+        self.obs = Observation(torch.zeros(1, cfg.num_cameras, 3, size, size, dtype=model.input_dtype, device=dev),
                                torch.zeros(1, cfg.num_cameras, dtype=torch.bool, device=dev),
                                torch.zeros(1, cfg.max_token_len, dtype=torch.long, device=dev),
                                torch.zeros(1, cfg.max_token_len, dtype=torch.bool, device=dev))
-        self._prefill = _Replay(self._prefill_fn(), self.backend)
+        self._prefill = _Replay(self._prefill_fn(), self.backend, self.compile_options)
         self._staged: Prefix | None = None  # the prefix the staging buffer holds (the static prefill wrote it)
         self.buckets = decode_buckets(cache.num_slots)
         self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in self.buckets}
-        self._decode = {b: _Replay(self._decode_fn(b), self.backend) for b in self.buckets}
+        self._decode = {b: _Replay(self._decode_fn(b), self.backend, self.compile_options) for b in self.buckets}
 
     def warm_up(self) -> None:
         """Run (compile, capture) every step once now instead of on first use, so no frame pays for it. Only on an
@@ -200,7 +203,7 @@ class FrameGraphs:
             return fast_path.denoise_kv(model, head, ks[:n_layers], vs[:n_layers], self.stage_valid, self.num_valid,
                                         self.noise[i], conds, self.rope)
 
-        return _Replay(run, self.backend)
+        return _Replay(run, self.backend, self.compile_options)
 
     def covers_prefix(self, prefix: Prefix) -> bool:
         """Whether ``prefix`` is one observation that fits the staging buffer."""

@@ -126,9 +126,14 @@ class GemmaStack(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- rotary + SDPA
-def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin [B, 1, T, head_dim] for integer positions [B, T] (HF/Gemma rotate-half convention)."""
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype,
+                 freq_dtype: torch.dtype = torch.float32):
+    """cos/sin [B, 1, T, head_dim] for integer positions [B, T] (HF/Gemma rotate-half convention).
+
+    ``freq_dtype``: the frequencies rounded to it first (openpi's bf16 model holds HF's ``inv_freq`` buffer in
+    bfloat16; the angles are then computed in float32)."""
     inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    inv_freq = inv_freq.to(freq_dtype).float()
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat([freqs, freqs], dim=-1)[:, None]
     return emb.cos().to(dtype), emb.sin().to(dtype)
@@ -140,19 +145,35 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
-def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def rounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None = None) -> torch.Tensor:
+    """Attention as HF's eager path computes it in q's dtype (openpi's Gemma and SigLIP in bfloat16): the scores
+    ``q k^T`` and their scaling rounded to that dtype, the softmax in float32, the probabilities rounded back to
+    that dtype before ``p v``. (``scaled_dot_product_attention`` keeps all of it in float32.)
+
+    q [.., T, D], k and v [.., L, D]; ``mask`` broadcastable to [.., T, L]: bool (True = attend) or additive float.
+    """
+    scores = (torch.matmul(q, k.transpose(-1, -2)) * q.shape[-1] ** -0.5).float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min) if mask.dtype == torch.bool \
+            else scores + mask
+    return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
+
+
+def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                  rounded: bool = False) -> torch.Tensor:
     """Grouped-query SDPA without expanding K/V.
 
     q [B, Hq, T, D]; k, v [B, Hkv, L, D] (may be strided views into the KV cache); mask bool [B, T, L].
     The r = Hq / Hkv query heads of a group are folded into the query-length axis, so every kv head is read
-    once. Returns [B, T, Hq * D].
+    once. ``rounded``: :func:`rounded_attention` instead of SDPA. Returns [B, T, Hq * D].
     """
     b, hq, t, d = q.shape
     hkv = k.shape[1]
     r = hq // hkv
     qf = q.reshape(b, hkv, r * t, d)
     m = mask[:, None] if t == 1 else mask[:, None, None].expand(b, 1, r, t, mask.shape[-1]).reshape(b, 1, r * t, -1)
-    out = F.scaled_dot_product_attention(qf, k, v, attn_mask=m)
+    out = rounded_attention(qf, k, v, m) if rounded else F.scaled_dot_product_attention(qf, k, v, attn_mask=m)
     return out.reshape(b, hq, t, d).transpose(1, 2).reshape(b, t, hq * d)
 
 
@@ -172,6 +193,7 @@ class SiglipAttention(nn.Module):
         def heads(p: nn.Linear) -> torch.Tensor:
             return p(x).view(b, t, self.num_heads, -1).transpose(1, 2)
 
+        # SDPA in every dtype: openpi's SigLIP runs HF's "sdpa" attention (only its Gemma experts are set to eager)
         out = F.scaled_dot_product_attention(heads(self.q_proj), heads(self.k_proj), heads(self.v_proj))
         return self.out_proj(out.transpose(1, 2).reshape(b, t, w))
 
@@ -256,5 +278,5 @@ def sinusoidal_time_embedding(t: torch.Tensor, dim: int, min_period: float = 4e-
     """openpi's sine-cosine embedding of the flow-matching time t [B] -> [B, dim] (computed in float64)."""
     fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=torch.float64, device=t.device)
     period = min_period * (max_period / min_period) ** fraction
-    x = (2 * math.pi / period)[None] * t.double()[:, None]
+    x = (1.0 / period * 2 * math.pi)[None] * t.double()[:, None]  # openpi's order of operations, to the last bit
     return torch.cat([torch.sin(x), torch.cos(x)], dim=1)

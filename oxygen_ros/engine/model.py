@@ -86,6 +86,9 @@ class Pi05Model(nn.Module):
     """
 
     fused: bool = True
+    # precision.py's ``bfloat16_islands`` sets it: in a low-precision dtype, round where openpi's bf16 model rounds
+    # (attention scores and probabilities, bf16 RoPE frequencies, un-fused products before each sum)
+    openpi_rounding: bool = False
 
     def use_fused(self, on: bool = True) -> Pi05Model:
         """Run the cached stages fused (True) or as the eager reference (False); returns the model."""
@@ -117,6 +120,22 @@ class Pi05Model(nn.Module):
         return self.backbone.layers[0].self_attn.q_proj.weight.dtype
 
     @property
+    def input_dtype(self) -> torch.dtype:
+        """The dtype images enter in: the patch embedding's (float32 in ``bfloat16_islands``, as in openpi)."""
+        return self.paligemma_with_expert.paligemma.model.vision_tower.vision_model.embeddings.patch_embedding \
+            .weight.dtype
+
+    @property
+    def rounded(self) -> bool:
+        """Whether the stages round as openpi's bf16 model does (``openpi_rounding`` in a low-precision dtype)."""
+        return self.openpi_rounding and self.dtype != torch.float32
+
+    @property
+    def rope_freq_dtype(self) -> torch.dtype:
+        """The dtype RoPE's frequencies are rounded to (openpi's bf16 model casts HF's ``inv_freq`` buffer too)."""
+        return self.dtype if self.openpi_rounding else torch.float32
+
+    @property
     def device(self) -> torch.device:
         return self.action_in_proj.weight.device
 
@@ -128,7 +147,7 @@ class Pi05Model(nn.Module):
         """[B, C, 3, H, W] in [-1, 1] -> [B, C * tokens_per_image, W] (not scaled, as in openpi)."""
         b, c = images.shape[:2]
         inner = self.paligemma_with_expert.paligemma.model
-        feats = inner.multi_modal_projector(inner.vision_tower(images.flatten(0, 1).to(self.dtype)))
+        feats = inner.multi_modal_projector(inner.vision_tower(images.flatten(0, 1).to(self.input_dtype)))
         return feats.view(b, c * feats.shape[1], feats.shape[2])
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
@@ -186,7 +205,7 @@ class Pi05Model(nn.Module):
 
     def _rope(self, positions: torch.Tensor):
         g = self.config.backbone
-        return rope_cos_sin(positions, g.head_dim, g.rope_theta, self.dtype)
+        return rope_cos_sin(positions, g.head_dim, g.rope_theta, self.dtype, self.rope_freq_dtype)
 
     # ------------------------------------------------------------------------------------------ cached stages
     @torch.no_grad()
@@ -220,7 +239,7 @@ class Pi05Model(nn.Module):
             q, k, v = self._qkv(layer, x, cos, sin)
             cache.k[i, rows, :, :p] = k
             cache.v[i, rows, :, :p] = v
-            h = self._attn_out_mlp(layer, h, gqa_attention(q, k, v, mask), None, None)
+            h = self._attn_out_mlp(layer, h, gqa_attention(q, k, v, mask, self.rounded), None, None)
         return h
 
     @torch.no_grad()
@@ -263,7 +282,8 @@ class Pi05Model(nn.Module):
                 q, k, v = self._qkv(layer, x, cos, sin)
                 cache.k[i, rows, :, p:p + h_len] = k
                 cache.v[i, rows, :, p:p + h_len] = v
-                attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask)
+                attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask,
+                                     self.rounded)
                 h = self._attn_out_mlp(layer, h, attn, gate, cond)
             h, _ = head.stack.norm(h, cond)
             x_t = x_t + dt * head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
@@ -306,7 +326,7 @@ class Pi05Model(nn.Module):
             kc, vc = cache.k[i, rows], cache.v[i, rows]
             kc[ar, :, write_index] = k[:, :, 0]
             vc[ar, :, write_index] = v[:, :, 0]
-            attn = gqa_attention(q, kc[:, :, :attn_len], vc[:, :, :attn_len], mask)
+            attn = gqa_attention(q, kc[:, :, :attn_len], vc[:, :, :attn_len], mask, self.rounded)
             if lora is None:
                 h = self._attn_out_mlp(layer, h, attn, None, None)
             else:
@@ -401,7 +421,7 @@ class Pi05Model(nn.Module):
                 qkv.append(self._qkv(stack.layers[i], x, cos[:, :, a:b], sin[:, :, a:b]))
                 gates.append(gate)
             q, k, v = (torch.cat(t, 2) for t in zip(*qkv, strict=True))
-            attn = gqa_attention(q, k, v, mask)
+            attn = gqa_attention(q, k, v, mask, self.rounded)
             hs = [
                 self._attn_out_mlp(stack.layers[i], h, attn[:, a:b], gate, cond)
                 for (_, stack, cond), h, gate, (a, b) in zip(streams, hs, gates, spans, strict=True)

@@ -81,7 +81,7 @@ class ModelRunner:
         obs.validate(cfg.num_cameras, cfg.vision.image_size)
         if obs.tokens.shape[1] > cfg.max_token_len:
             raise ValueError(f"prompt of {obs.tokens.shape[1]} tokens exceeds max_token_len={cfg.max_token_len}")
-        return obs.to(self.model.device, self.model.dtype)
+        return obs.to(self.model.device, self.model.input_dtype)
 
     def prefill(self, obs: Observation, slot: int) -> Prefix:
         """Prefill the observation into cache slot ``slot`` (static-shape, at the padded length, with graphs)."""

@@ -1,16 +1,22 @@
 """Precision policies: which parameters run in which dtype.
 
 ``float32`` / ``bfloat16`` / ``float16``: the whole model in that dtype. ``bfloat16_islands``: openpi's mixed
-precision (``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params``, which ``create_trained_policy`` applies
-even to fp32 checkpoints): the transformer weights and the KV cache in bfloat16, and these islands in float32:
+precision as its PyTorch ``Policy.infer`` runs it (``create_trained_policy`` applies
+``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params("bfloat16")`` even to fp32 checkpoints), reproduced op
+by op:
 
-- every Gemma norm of the backbone and the action expert (RMSNorm weights and the adaRMS ``dense`` layers that
-  give scale, shift and gate; norms compute in float32 anyway);
-- SigLIP's patch and position embeddings;
-- the action projections (``action_in_proj``, ``action_out_proj``) and the time MLP (``time_mlp_in/out``), so the
-  flow-matching state and the time condition stay float32 end to end.
+- bfloat16: every transformer weight (SigLIP encoder and its LayerNorms, projector, token embedding, Gemma
+  projections and MLPs of both experts), the hidden states between them and the KV cache;
+- float32 holding bfloat16-rounded values: every Gemma RMSNorm weight, the adaRMS ``dense`` layers, SigLIP's
+  patch and position embeddings (openpi casts the whole model to bfloat16 and then these back to float32);
+- float32, exact: the action projections (``action_in_proj``, ``action_out_proj``) and the time MLP
+  (``time_mlp_in/out``): openpi never casts them, so the flow-matching state and the time condition stay float32;
+- computed as openpi does (``Pi05Model.openpi_rounding``): images enter the patch embedding in float32; the
+  norms in float32, their output rounded to bfloat16; attention scores and probabilities rounded to bfloat16
+  around a float32 softmax (HF's eager attention, not SDPA); RoPE frequencies rounded to bfloat16 (HF's
+  ``inv_freq`` buffer is cast with the model); every product rounded before its sum (no fused multiply-adds).
 
-Hidden states entering and leaving an island are cast (``Pi05Model.dtype`` is the compute dtype: the backbone's).
+``bfloat16`` (plain) keeps SDPA, exact RoPE frequencies and fused multiply-adds: faster, not openpi's numerics.
 """
 
 from __future__ import annotations
@@ -25,19 +31,32 @@ PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torc
 ISLAND_NAMES = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
 
 
+def exact_islands(model: nn.Module) -> list[nn.Linear]:
+    """The action and time projections (of a ``Pi05Model``, extra ``ActionHead`` s, ...): float32, never rounded."""
+    return [getattr(m, n) for m in model.modules() for n in ISLAND_NAMES if isinstance(getattr(m, n, None), nn.Linear)]
+
+
 def float32_islands(model: nn.Module) -> list[nn.Module]:
-    """The modules ``bfloat16_islands`` keeps in float32 (of a ``Pi05Model``, extra ``ActionHead`` s, ...)."""
+    """The modules ``bfloat16_islands`` keeps in float32: the norms and SigLIP embeddings (bfloat16-rounded values)
+    and :func:`exact_islands`."""
     out = [m for m in model.modules() if isinstance(m, RMSNorm | AdaRMSNorm | SiglipEmbeddings)]
-    return out + [getattr(m, n) for m in model.modules() for n in ISLAND_NAMES if isinstance(getattr(m, n, None),
-                                                                                          nn.Linear)]
+    return out + exact_islands(model)
 
 
 def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     """Cast ``model`` (and keep its float32 islands) per ``precision``, in place; returns it."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
+    islands = precision == "bfloat16_islands"
+    exact = [(p, p.detach().clone()) for m in exact_islands(model) for p in m.parameters()] if islands else []
     model.to(PRECISIONS[precision])
-    if precision == "bfloat16_islands":
+    if islands:
         for m in float32_islands(model):
-            m.float()
+            m.float()  # the norms and embeddings: bfloat16-rounded values in float32, as openpi leaves them
+        with torch.no_grad():
+            for p, value in exact:
+                p.copy_(value)
+    for m in model.modules():
+        if hasattr(type(m), "openpi_rounding"):
+            m.openpi_rounding = islands
     return model

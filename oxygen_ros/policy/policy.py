@@ -126,10 +126,13 @@ class Policy:
                                                        keep_state=self.keep_state_in_prompt,
                                                        **({"subtask": subtask} if subtask else {}))
         n = prompt.num_tokens
+        # padding only costs compute, except in openpi's numerics (bfloat16_islands): there the padded length is
+        # part of the rounding (it sets the attention's reduction lengths), so the prompt keeps openpi's padding
+        keep = len(prompt.ids) if self.model.rounded else n
         obs = Observation(
             images=torch.from_numpy(images)[None], image_masks=torch.from_numpy(masks)[None],
-            tokens=torch.from_numpy(prompt.ids[:n].copy())[None],  # padding would only cost compute
-            token_mask=torch.from_numpy(prompt.mask[:n].copy())[None],
+            tokens=torch.from_numpy(prompt.ids[:keep].copy())[None],
+            token_mask=torch.from_numpy(prompt.mask[:keep].copy())[None],
             state=torch.from_numpy(np.asarray(norm_state, dtype=np.float32))[None])
         return PreparedObservation(obs, state, n, prompt.truncated, np.asarray(norm_state), prompt.instruction_cut,
                                    subtask)
@@ -160,7 +163,7 @@ class Policy:
               num_steps: int | None = None) -> np.ndarray:
         """The robot-unit chunk [H, D] for one observation (prefill + denoise, no language)."""
         prepared = self.prepare(raw)
-        obs = prepared.observation.to(self.model.device, self.model.dtype)
+        obs = prepared.observation.to(self.model.device, self.model.input_dtype)
         if noise is not None:
             noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
             noise = noise.reshape(1, self.spec.chunk_size, -1).to(self.model.device, torch.float32)
