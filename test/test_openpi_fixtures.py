@@ -72,3 +72,46 @@ def test_actions_equal_openpi_policy_infer(name: str) -> None:
         np.testing.assert_allclose(actions, want, rtol=0, atol=1e-4)
         np.testing.assert_allclose(actions, want, rtol=0, atol=1e-5 * max(1.0, np.abs(want).max()))
     assert policy.model.denoise_times(10) == e["denoise_times"].tolist()
+
+
+# ------------------------------------------------------------------------------------------ openpi's mixed bf16
+@pytest.mark.parametrize("name", sorted(ROBOTS))
+def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
+    """``bfloat16_islands`` against openpi's own mixed-bf16 ``Policy.infer`` (``expected_bf16``: the same checkpoint,
+    inputs and noise), eager, fused and through the engine's static graphs. On the host that made the fixture they are
+    bit-identical; the tolerance is twice our measured bf16 noise floor (``noise_floor_bf16.json``: the largest move
+    of our actions when only the order of reductions changes, e.g. another CPU's GEMM kernels), and it is tight
+    enough to tell openpi's float32 result from its bf16 one."""
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
+    from oxygen_ros.engine.requests import Frame
+
+    root = FIXTURES / name
+    torch.set_num_threads(1)
+    policy = load_policy(root / "checkpoint", SpecOptions(tokenizer_path=str(root / "tokenizer")),
+                         precision="bfloat16_islands")
+    model = policy.model
+    assert model.rounded and model.input_dtype == torch.float32 and model.rope_freq_dtype == torch.bfloat16
+    inputs = load_file(str(root / "inputs.safetensors"))
+    e16, e32 = load_file(str(root / "expected_bf16.safetensors")), load_file(str(root / "expected.safetensors"))
+    meta = json.loads((root / "inputs.json").read_text())
+    floor = json.loads((FIXTURES / "noise_floor_bf16.json").read_text())["fixtures"][name]["noise_floor"]
+    tolerance = 2 * floor
+    gap = max(float((e16[f"s{s}/actions"] - e32[f"s{s}/actions"]).abs().max()) for s in range(meta["samples"]))
+    assert 0 < tolerance < gap, (tolerance, gap)
+    engine = build_engine(model, EngineConfig(graphs="static", max_inflight=1, max_new_tokens=4))
+    for s in range(meta["samples"]):
+        obs = {k.split("/", 1)[1]: v.numpy() for k, v in inputs.items() if k.startswith(f"s{s}/")}
+        images, state = ROBOTS[name](obs)
+        raw = RawObservation(images, state, meta["prompts"][s])
+        want = e16[f"s{s}/actions"].numpy()
+        fused = policy.infer(raw, obs["noise"])
+        model.use_fused(False)
+        eager = policy.infer(raw, obs["noise"])
+        model.use_fused(True)
+        prepared = policy.prepare(raw)
+        res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
+        static = policy.postprocess(res.actions[0], prepared)
+        for path, actions in (("eager", eager), ("fused", fused), ("static graphs", static)):
+            assert actions.shape == want.shape
+            err = np.abs(actions - want).max()
+            assert err <= tolerance, f"{name} s{s} {path}: {err:.3g} > {tolerance:.3g}"

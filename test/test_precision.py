@@ -9,7 +9,7 @@ from conftest import make_model, make_observation
 from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.heads import make_extra_heads
-from oxygen_ros.engine.precision import apply_precision, float32_islands
+from oxygen_ros.engine.precision import apply_precision, exact_islands, float32_islands
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 
@@ -18,7 +18,16 @@ def _noise(cfg, batch: int = 1) -> torch.Tensor:
 
 
 def test_islands_are_float32_and_the_rest_bfloat16() -> None:
+    original = make_model().state_dict()
     model = apply_precision(make_model(), "bfloat16_islands")
+    # as openpi leaves them: the action and time projections exact, the norms and embeddings bfloat16-rounded
+    exact = {id(p) for m in exact_islands(model) for p in m.parameters()}
+    for name, p in model.named_parameters():
+        if p.dtype == torch.float32:
+            want = original[name] if id(p) in exact else original[name].bfloat16().float()
+            assert torch.equal(p, want), name
+    assert model.rounded and model.rope_freq_dtype == torch.bfloat16 and model.input_dtype == torch.float32
+    assert not apply_precision(make_model(), "bfloat16").rounded
     island = {id(p) for m in float32_islands(model) for p in m.parameters()}
     for name, p in model.named_parameters():
         want = torch.float32 if id(p) in island else torch.bfloat16
