@@ -379,6 +379,7 @@ class ObservationBuilder:
         self.max_skew_ns = round(max_camera_skew_s * 1e9)  # < 0: no synchronisation (each camera's newest image)
         self._pool: ThreadPoolExecutor | None = None  # decodes a frame's images concurrently
         self.max_joint_age_ns = int(max_joint_age_s * 1e9)
+        self.last_stamp_ns = -1  # the newest observation stamp handed out: stamps strictly increase
 
     def _select_images(self, now_ns: int) -> list[CameraImage] | Skip:
         """One usable image per camera (fresh, not from the future, not known bad), synchronised; or why not."""
@@ -456,6 +457,9 @@ class ObservationBuilder:
         chosen = self._select_images(now_ns)  # synchronised, not decoded yet
         if isinstance(chosen, Skip):
             return chosen
+        stamp = max(im.stamp_ns for im in chosen)
+        if stamp <= self.last_stamp_ns:  # each observation is acted on once: never a second chunk from it
+            return Skip("repeated_observation", "no camera image newer than the last frame's observation")
         if not seen.all():
             missing = [n for n, s in zip(self.store.joint_names, seen, strict=True) if not s]
             return Skip("no_state", f"no position yet for {', '.join(missing[:5])}")
@@ -483,5 +487,8 @@ class ObservationBuilder:
         except ValueError as e:
             return Skip("bad_input", str(e))
         newest = max(images, key=lambda im: im.stamp_ns)  # the observation stamp rule: newest camera stamp used
+        if newest.stamp_ns <= self.last_stamp_ns:  # a bad image was replaced by an older one
+            return Skip("repeated_observation", "no camera image newer than the last frame's observation")
+        self.last_stamp_ns = newest.stamp_ns
         return BuiltObservation(prepared, newest.stamp_ns, newest.received, instruction, positions,
                                 prepared.prompt_truncated, prepared.instruction_cut)
