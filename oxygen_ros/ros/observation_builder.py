@@ -406,8 +406,9 @@ class ObservationBuilder:
             usable_per_camera.append(usable)
         if self.max_skew_ns < 0:
             return [max(u, key=lambda im: im.stamp_ns) for u in usable_per_camera]
-        match = best_match([[im.stamp_ns for im in u] for u in usable_per_camera])
-        assert match is not None  # every camera has a candidate
+        match = best_match([[im.stamp_ns for im in u] for u in usable_per_camera], self.last_stamp_ns)
+        if match is None:  # every camera has a candidate, but no set newer than the last frame's observation
+            return Skip("repeated_observation", "no camera image newer than the last frame's observation")
         if not match.within(self.max_skew_ns):
             newest = ", ".join(f"{n} {(now_ns - max(im.stamp_ns for im in u)) / 1e9:.3f} s"
                                for n, u in zip(names, usable_per_camera, strict=True))
