@@ -31,7 +31,7 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +166,16 @@ def _tick_count(reader: AnyReader, rate_hz: float, max_frames: int | None) -> in
     return n if max_frames is None else min(n, max_frames)
 
 
+def _replay_clock(runner: Any, stamp_ns: int, dt_s: float) -> Callable[[], int] | None:
+    """Real-time chunking in a replay: with a fixed delay (``rtc.delay: N``) each chunk is ready N actions after its
+    observation on the bag's clock, so the replay is deterministic; with ``auto`` (or no RTC) the measured latency
+    counts, as on the robot."""
+    rtc = runner.rtc
+    if rtc is None or rtc.delay is None:
+        return None
+    return lambda: stamp_ns + round(rtc.delay * dt_s * 1e9)
+
+
 def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: OutputBag, log: RunLog,
                dt_s: float, show: bool) -> None:
     """Every tick: feed the bag up to it, build the observation (or skip), run one frame, write its outputs."""
@@ -184,11 +194,12 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
             continue
         if built.prompt_truncated:
             feed.rejected.add("prompt_truncated", "instruction + state exceed the model's max_token_len")
-        out = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction)
+        out = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction,
+                          clock_ns=_replay_clock(runner, built.stamp_ns, dt_s))
         res, chunk = out.result, out.chunk
         log.issued += out.new_requests
-        outputs.chunk(res.frame_index, built.stamp_ns, tick_ns, chunk.actions, loaded.action_names, dt_s,
-                      chunk.latency_s, chunk.subtask)
+        outputs.chunk(res.frame_index, built.stamp_ns, tick_ns, chunk.published, loaded.action_names, dt_s,
+                      chunk.latency_s, chunk.subtask, chunk.start)
         for f in res.finished:
             if not f.dropped:
                 outputs.language(f, tick_ns)
