@@ -121,7 +121,7 @@ class ParallelEngine:
         the result merges both (actions from one, language and its timings from the other)."""
         t0 = time.perf_counter()
         language = self._pool.submit(self.language_worker.step_language, frame)
-        result = self.action_worker.step(Frame(frame.observation, [], frame.noise, frame.stamp), on_actions)
+        result = self.action_worker.step(Frame(frame.observation, [], frame.noise, frame.stamp, frame.rtc), on_actions)
         lr = language.result()
         result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
         result.batch_sizes, result.decode_steps, result.rejected = lr.batch_sizes, lr.decode_steps, lr.rejected
