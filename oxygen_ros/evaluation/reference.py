@@ -9,7 +9,7 @@ Reference topics, by message type (times in bag time; a zero header stamp falls 
 - ``trajectory_msgs/JointTrajectory`` (what a trajectory controller was sent): each point at header stamp +
   ``time_from_start``; a newer trajectory replaces the older from its first point on (:mod:`.alignment`);
 - ``oxygen_ros/ActionChunk`` (a policy's recorded chunks, e.g. the deployed node's): action ``i`` at
-  stamp + (i + 1) * dt, replaced like trajectories.
+  stamp + (first_step + i + 1) * dt, replaced like trajectories.
 
 Annotation topics: ``std_msgs/String`` (valid from its log time: the bag receive time) or ``oxygen_ros/LanguageOutput``
 (valid from its header stamp; on a topic carrying several streams only the scored stream's messages count).
@@ -124,7 +124,8 @@ def read_reference(reader: AnyReader, topic: str) -> ReferenceSeries:
                 if acts.size != h * d or max(cols) >= d:
                     continue
                 dt = int(msg.dt.sec) * 1_000_000_000 + int(msg.dt.nanosec)
-                times = [start + (i + 1) * dt for i in range(h)]
+                first = int(getattr(msg, "first_step", 0))  # actions already committed when it was sent
+                times = [start + (first + i + 1) * dt for i in range(h)]
                 positions = acts.reshape(h, d)[:, cols]
             trajectories.append(Trajectory(np.asarray(times, np.int64), positions))
         series = merge_trajectories(names or (), trajectories)

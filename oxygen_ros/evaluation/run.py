@@ -36,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rosbags.highlevel import AnyReader
 from rosbags.rosbag2 import Writer
@@ -190,7 +191,8 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
         out = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction)
         res, chunk = out.result, out.chunk
         log.issued += out.new_requests
-        log.chunks.append(ChunkRecord(res.frame_index, built.stamp_ns, chunk.chunk))
+        # the whole chunk as a robot receives it (ActionChunk's float32), scored against the reference afterwards
+        log.chunks.append(ChunkRecord(res.frame_index, built.stamp_ns, chunk.chunk.astype(np.float32)))
         outputs.chunk(res.frame_index, built.stamp_ns, tick_ns, chunk.actions, loaded.action_names, dt_s,
                       chunk.latency_s, chunk.subtask)
         for f in res.finished:
