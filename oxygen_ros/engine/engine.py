@@ -174,7 +174,7 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ stages
     def _begin(self, frame: Frame, sw: Stopwatch, t0: float) -> _FrameRun:
-        self.scheduler.begin_frame(self.frame_index, frame.stamp, t0)
+        self.scheduler.begin_frame(self.frame_index, frame.stamp, t0, frame.deadline)
         finished, self._cancelled = self._cancelled, []  # cancelled since the last frame
         return _FrameRun(sw, t0, FrameResult(self.frame_index, [], finished, sw.times, [], 0, 0, stamp=frame.stamp))
 

@@ -47,6 +47,9 @@ class Frame:
     stamp: Any = None  # the observation time, carried into results unchanged
     # real-time chunking: the previous chunk's remainder the first head's chunk continues (EngineConfig.rtc)
     rtc: RTCPrefix | None = None
+    # the ``time.perf_counter`` instant the frame should end by (a control tick's deadline), which ``k = auto``
+    # budgets decoding against; None: ``EngineConfig.deadline_s`` after the frame's start
+    deadline: float | None = None
 
 
 @dataclass

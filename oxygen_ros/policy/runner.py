@@ -342,13 +342,14 @@ class FrameRunner:
     def step(self, observation: RawObservation | PreparedObservation, *, stamp_ns: int = 0,
              arrived: float | None = None, instruction: str | None = None, start_language: bool = True,
              on_chunk: Callable[[ChunkOutput], None] | None = None,
-             clock_ns: Callable[[], int] | None = None) -> FrameOutput:
+             clock_ns: Callable[[], int] | None = None, deadline: float | None = None) -> FrameOutput:
         """Run one frame. ``on_chunk`` gets the robot-unit chunk before any decoding of the frame.
 
         ``arrived`` is the ``time.monotonic()`` instant the newest input arrived; ``instruction`` the request
         prompt's instruction (default: the observation's task). ``clock_ns``: the clock of the stamps (the node's,
         a simulator's), read when the chunk is ready: the chunk's age since its observation, which real-time
-        chunking counts committed actions and estimates the delay from (default: ``latency_s``).
+        chunking counts committed actions and estimates the delay from (default: ``latency_s``). ``deadline``: the
+        ``time.perf_counter`` instant the frame should end by (``Frame.deadline``: what ``k = auto`` fits).
         """
         t0 = time.monotonic()
         if isinstance(observation, RawObservation):
@@ -382,8 +383,8 @@ class FrameRunner:
             if on_chunk is not None:
                 on_chunk(chunk)
 
-        result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns, rtc=rtc),
-                                  on_actions=handle)
+        result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns, rtc=rtc,
+                                        deadline=deadline), on_actions=handle)
         self.processed += 1
         if self.condition_on:
             if any(r.stream == self.condition_on for r in requests):
