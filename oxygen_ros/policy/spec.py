@@ -72,6 +72,7 @@ class PolicySpec:
         time_schedule: Euler times (see :class:`~oxygen_ros.engine.config.Pi05Config`).
         rename_map: raw observation key renames applied first (LeRobot's rename_observations_processor).
         notes: what was read from where, for the log.
+        openpi_config: openpi checkpoints: the train config whose data transforms apply (pi05_libero, ...).
     """
 
     framework: str
@@ -96,6 +97,7 @@ class PolicySpec:
     default_cameras: tuple[str, ...] = ()
     rename_map: dict[str, str] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    openpi_config: str = ""
 
     def summary(self) -> str:
         """One line for the log."""
