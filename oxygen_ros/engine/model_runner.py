@@ -20,6 +20,7 @@ from .model import Pi05Model, Prefix
 from .modes import EngineConfig
 from .observation import Observation
 from .requests import LanguageRequest
+from .rtc import RTCGuide, RTCPrefix
 from .scheduler import DecodeBatch
 
 
@@ -55,12 +56,15 @@ class ModelRunner:
         self.cache = KVCache(cfg, num_slots, length, dtype=model.dtype, device=model.device)
         backend = resolve_backend(config.graphs, model.device)
         # static-shape / captured denoise and decode steps (graphs.py); None: eager
-        self.graphs = FrameGraphs(model, self.cache, self.heads, self.num_steps, backend) if backend != "off" else None
+        self.rtc = config.rtc if config.rtc is not None and config.rtc.enabled else None
+        self.graphs = (FrameGraphs(model, self.cache, self.heads, self.num_steps, backend, self.rtc)
+                       if backend != "off" else None)
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
         self._device = model.device
         self._host_inputs = torch.zeros(3, num_slots, dtype=torch.long, pin_memory=self._device.type == "cuda")
         self._host_rows = self._host_inputs.numpy()
+        self._batch_cache: KVCache | None = None  # prefixes of a batched action frame (step_batch), grown on demand
 
     @property
     def device(self) -> torch.device:
@@ -89,17 +93,63 @@ class ModelRunner:
             return self.graphs.prefill(obs, slot)
         return self.model.prefill(obs, self.cache, slice(slot, slot + 1))
 
-    def denoise(self, prefix: Prefix, noise: torch.Tensor | list[torch.Tensor] | tuple | None) -> list[torch.Tensor]:
+    def guide(self, rtc: RTCPrefix | None) -> RTCGuide | None:
+        """The first head's real-time-chunking guide for a frame's remainder (None: RTC off or no remainder)."""
+        if self.rtc is None or rtc is None:
+            return None
+        head = self.heads[0]
+        return RTCGuide.build(rtc, self.rtc, head.horizon, head.action_in_proj.in_features, self.num_steps,
+                              self.device)
+
+    def denoise(self, prefix: Prefix, noise: torch.Tensor | list[torch.Tensor] | tuple | None,
+                guide: RTCGuide | None = None) -> list[torch.Tensor]:
         """One [H, A] chunk per action head, each denoised from ``prefix`` (read-only); ``noise`` is one tensor for
-        every head or one per head."""
+        every head or one per head; ``guide`` (:meth:`guide`) steers the first head's."""
         noises = noise if isinstance(noise, list | tuple) else [noise] * len(self.heads)
-        if self.graphs is not None and self.graphs.covers_prefix(prefix):
+        if self.graphs is not None and self.graphs.covers_prefix(prefix) and self.graphs.covers_guide(guide):
             dev = self.device
             noises = [torch.randn(1, h.horizon, h.action_in_proj.in_features, device=dev) if n is None else n
                       for h, n in zip(self.heads, noises, strict=True)]
-            return self.graphs.denoise(prefix, noises)
-        return [self.model.denoise(prefix, self.cache, n, self.num_steps, head)[0]
-                for head, n in zip(self.heads, noises, strict=True)]
+            return self.graphs.denoise(prefix, noises, guide)
+        return [self.model.denoise(prefix, self.cache, n, self.num_steps, head, guide if i == 0 else None)[0]
+                for i, (head, n) in enumerate(zip(self.heads, noises, strict=True))]
+
+    # ------------------------------------------------------------------------------------------ batched actions
+    def prefill_batch(self, obs: Observation) -> Prefix:
+        """Prefill B observations together into rows [0, B) of the batch cache (its own K/V, not the pool's).
+
+        Each row's prefix ends at the batch's longest (padded) length; a row's padded positions stay invalid."""
+        b = obs.batch_size
+        cache = self._batch_cache
+        if cache is None or cache.num_slots < b:
+            size = max(b, 2 * cache.num_slots if cache is not None else b)
+            self._batch_cache = cache = KVCache(self.model.config, size, self.cache.max_len, dtype=self.model.dtype,
+                                                device=self.device)
+        return self.model.prefill(obs, cache, slice(0, b))
+
+    def denoise_batch(self, prefix: Prefix, noises: list[torch.Tensor | list[torch.Tensor] | tuple | None]
+                      ) -> list[list[torch.Tensor]]:
+        """Every head denoises all B rows of a :meth:`prefill_batch` prefix in one loop; ``noises[i]`` is row i's
+        noise ([1, H, A], one per head, or None: drawn). Returns, per row, one [H, A] chunk per head."""
+        b = prefix.num_valid.shape[0]
+        per_head = []
+        for j, head in enumerate(self.heads):
+            shape = (1, head.horizon, head.action_in_proj.in_features)
+            rows = [n[j] if isinstance(n, list | tuple) else n for n in noises]
+            rows = [torch.randn(shape) if n is None else n.reshape(shape).float().cpu() for n in rows]
+            noise = torch.cat(rows).to(self.device)
+            per_head.append(self.model.denoise(prefix, self._batch_cache, noise, self.num_steps, head))
+        return [[chunks[i] for chunks in per_head] for i in range(b)]
+
+    def adopt(self, prefix: Prefix, row: int, slot: int) -> Prefix:
+        """Copy row ``row`` of a :meth:`prefill_batch` prefix into pool slot ``slot``: the prefix its language
+        requests start from, as if the observation had been prefilled there alone."""
+        src, dst, n = self._batch_cache, self.cache, prefix.length
+        dst.k[:, slot, :, :n] = src.k[:, row, :, :n]
+        dst.v[:, slot, :, :n] = src.v[:, row, :, :n]
+        dst.valid[slot] = False
+        dst.valid[slot, :n] = src.valid[row, :n]
+        return Prefix(slice(slot, slot + 1), n, prefix.num_valid[row:row + 1], prefix.last_hidden[row:row + 1])
 
     def first_token(self, prefix: Prefix) -> int:
         """The greedy token after the prefix (a request without prompt tokens starts with it)."""
