@@ -48,15 +48,17 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.service import Service
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Bool, String
+from std_srvs.srv import SetBool
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
@@ -64,10 +66,21 @@ from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
 from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
+from .fault_injection import install_from_env
+from .limits import ActionLimiter, UrdfError, urdf_limits
 from .model_loader import LoadedPolicy, build_runner, instruction_char_cap, load_node_policy, warm_up
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
-from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
+from .params import (
+    PARAMS,
+    RESERVED_STREAM_NAMES,
+    STREAM_NAME_RE,
+    STREAM_PARAMS,
+    NodeParams,
+    joint_limit_names,
+    validate,
+)
 from .publishers import language_output, make_action_chunk, make_trajectory
+from .safety import ActionGate, FaultCounter, FrameWatchdog, NewestPerPublisher
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
 
@@ -76,9 +89,12 @@ ACTION_TOPIC = "~/action_chunk"
 LANGUAGE_TOPIC = "~/language_output"
 TRAJECTORY_TOPIC = "~/trajectory"
 DIAGNOSTICS_TOPIC = "/diagnostics"
+ENABLE_SERVICE = "~/enable"
+HALT_TOPIC = "~/halt"
 # Overrides that rclpy or rcl handle themselves: not reported as unknown parameters.
 _BUILTIN_PARAMS = ("use_sim_time", "start_type_description_service")
-SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
+    TransitionCallbackReturn.ERROR
 
 
 class OxygenNode(LifecycleNode):
@@ -105,8 +121,13 @@ class OxygenNode(LifecycleNode):
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._engine_lock = threading.Lock()
         self._state = "unconfigured"
+        self._faults = FaultCounter()  # survives the error processing: /diagnostics reports the last fault
+        self._fault_pending = False
+        self._stuck_worker: threading.Thread | None = None  # a frame that did not end when processing stopped
         self._reset_runtime()
         self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
+        self._supervisor = self.create_timer(0.05, self._safe(self._supervise, "supervisor"),
+                                             MutuallyExclusiveCallbackGroup(), clock=self._steady)
         self._diag_timer = self.create_timer(1.0, self._safe(self._publish_diagnostics), self._diag_group,
                                              clock=self._steady)
         autostart = self.get_parameter("autostart").value
@@ -130,6 +151,10 @@ class OxygenNode(LifecycleNode):
         self._worker: threading.Thread | None = None
         self._last_instruction = ""
         self._cut_instruction = ""
+        self._limiter: ActionLimiter | None = None
+        self._gate: ActionGate | None = None
+        self._watchdog: FrameWatchdog | None = None
+        self._safety_handles: list = []  # ~/enable, ~/halt and robot_description subscriptions
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -162,6 +187,7 @@ class OxygenNode(LifecycleNode):
     def _configure(self) -> None:
         values = {spec.name: self.get_parameter(spec.name).value for spec in PARAMS}
         values.update(self._stream_parameters(values["language_streams"]))
+        values.update(self._limit_parameters())
         unknown = sorted(set(getattr(self, "_parameter_overrides", {})) - set(values) - set(_BUILTIN_PARAMS))
         unknown = [u for u in unknown if not u.startswith("qos_overrides.")]
         if unknown:
@@ -189,6 +215,7 @@ class OxygenNode(LifecycleNode):
         if p.ask_enabled:  # goals are accepted while active
             self._ask = AskServer(self, self._runner, p, lambda: self._state == "active",
                                   self.stats.rejected_inputs.add)
+        self._start_safety(p)
 
     def _stream_parameters(self, streams: Any) -> dict[str, Any]:
         """Declare (once) and read the ``<stream>.<field>`` parameters of the listed language streams (the
@@ -206,6 +233,107 @@ class OxygenNode(LifecycleNode):
                 values[name] = self.get_parameter(name).value
         return values
 
+    # ------------------------------------------------------------------------------------------ safety
+    def _limit_parameters(self) -> dict[str, Any]:
+        """Declare (once) and read the ``limits.<joint>.<field>`` parameters given as overrides (which joints have
+        them is the user's choice, as with the language streams); names and values are checked by validate."""
+        values: dict[str, Any] = {}
+        for name in joint_limit_names(getattr(self, "_parameter_overrides", {})):
+            if not self.has_parameter(name):
+                self.declare_parameter(name, None, ParameterDescriptor(
+                    description="joint limit override (limits.<joint>.min / .max / .max_velocity)",
+                    additional_constraints="type: float", dynamic_typing=True))
+            values[name] = self.get_parameter(name).value
+        return values
+
+    def _start_safety(self, p: NodeParams) -> None:
+        """The limiter, the enable gate (``start_enabled``), the watchdog, and their ROS interfaces: ``~/enable``,
+        ``~/halt`` and the robot description (created at configure, so a latched halt or URDF is known before
+        the first chunk)."""
+        names = self._loaded.action_names
+        unknown = sorted(set(p.joint_limits) - set(names))
+        if unknown:
+            raise ValueError(f"limits.{unknown[0]}.*: {unknown} not among the action names {list(names)} "
+                             "(action_names, else joint_names)")
+        self._limiter = ActionLimiter(names, p.limits_policy, p.joint_limits, p.limits_required)
+        self._gate = ActionGate(p.start_enabled, self.get_clock().now().nanoseconds)
+        self._watchdog = FrameWatchdog(p.watchdog_limit_s)
+        self._faults.reset(p.max_consecutive_faults)
+        self._fault_pending = False
+        install_from_env(self._runner, self._loaded.policy.model, self.get_logger().warning)  # tests only
+        group = MutuallyExclusiveCallbackGroup()
+        self._safety_handles.append(self.create_service(SetBool, ENABLE_SERVICE, self._on_enable,
+                                                        callback_group=group))
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
+        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)  # volatile publishers: expected
+        newest = NewestPerPublisher()  # a latched halt arrives on both subscriptions
+
+        def on_halt(msg: Bool, info: dict) -> None:
+            gate = self._gate
+            if newest.is_new(info) and gate is not None and gate.set_halted(bool(msg.data),
+                                                                              self.get_clock().now().nanoseconds):
+                log = self.get_logger().warning if msg.data else self.get_logger().info
+                log("halt: no action chunk is published until ~/halt is false" if msg.data else
+                    "halt released: chunks observed from now on are published")
+
+        self._safety_handles += [
+            self.create_subscription(Bool, HALT_TOPIC, on_halt, latched, callback_group=group, event_callbacks=quiet),
+            self.create_subscription(Bool, HALT_TOPIC, on_halt, volatile, callback_group=group)]
+        if p.limits_robot_description:
+            self._safety_handles.append(self.create_subscription(
+                String, p.limits_robot_description, self._safe(self._on_robot_description, "robot_description"),
+                latched, callback_group=group))
+        if not p.start_enabled:
+            self.get_logger().info(f"start_enabled is false: no action chunk is published until "
+                                   f"{self.resolve_service_name(ENABLE_SERVICE)} is called with true")
+
+    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
+        gate = self._gate
+        if gate is None:
+            response.success, response.message = False, "not configured"
+            return response
+        changed = gate.set_enabled(request.data, self.get_clock().now().nanoseconds)
+        why = gate.why_closed()
+        response.success = True
+        response.message = ("enabled" if request.data else "disabled") + ("" if changed else " (already)") + \
+            ("" if why is None or not request.data else f"; still no chunk: {why}")
+        if changed:
+            self.get_logger().info(f"~/enable: {response.message}")
+        return response
+
+    def _on_robot_description(self, msg: String) -> None:
+        limiter = self._limiter
+        if limiter is None:
+            return
+        try:
+            robot, limits, notes = urdf_limits(msg.data)
+        except UrdfError as e:  # the previous limits stay
+            self.stats.rejected_inputs.add("robot_description_invalid", str(e))
+            return
+        uncovered = limiter.set_urdf(limits, robot)
+        covered = len(limiter.names) - len(uncovered)
+        self.get_logger().info(f"robot_description: URDF {robot!r}, limits for {covered} of {len(limiter.names)} "
+                               f"action joints" + (f"; none for {uncovered}" if uncovered else "")
+                               + (f" ({'; '.join(notes)})" if notes else ""))
+
+    def _supervise(self) -> None:
+        """Steady-clock timer: report a frame that exceeds the watchdog, and start the error processing after
+        max_consecutive_faults failing frames (from the executor: the inference thread cannot stop itself)."""
+        watchdog = self._watchdog
+        running = watchdog.check() if watchdog is not None else None
+        if running is not None:
+            self.stats.warnings.add("watchdog", f"the frame has run {running:.2f} s > watchdog_s="
+                                    f"{watchdog.limit_s:g}; its chunk is not published once older than "
+                                    f"max_chunk_age_s={self.params.chunk_age_limit_s:g} s")
+            self.get_logger().error(f"watchdog: a frame has run {running:.2f} s (watchdog_s={watchdog.limit_s:g})")
+        if self._fault_pending and self._state == "active":
+            self._fault_pending = False
+            self.get_logger().error(f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
+                                    f"{self._faults.limit}), last: {self._faults.last}; going to error processing")
+            self.trigger_deactivate()  # on_deactivate returns ERROR: ErrorProcessing, on_error releases
+
     def _start_processing(self, p: NodeParams) -> None:
         """Inputs, subscriptions, the inference thread and the control timer (created on activate, as yolo_ros
         and ros2/demos lifecycle_py do: an inactive node neither receives nor decodes anything)."""
@@ -214,7 +342,8 @@ class OxygenNode(LifecycleNode):
         policy = self._loaded.policy
         self._store = store = InputStore(p.camera_names, p.joint_names, self.stats.rejected_inputs,
                                          p.max_image_pixels, instruction_char_cap(p, policy), instruction,
-                                         node_clock_ns=lambda: self.get_clock().now().nanoseconds)
+                                         node_clock_ns=lambda: self.get_clock().now().nanoseconds,
+                                         max_image_age_s=p.max_image_age_s)
         self._builder = ObservationBuilder(store, policy, p.max_image_age_s, p.max_joint_age_s,
                                            max_camera_skew_s=p.max_camera_skew_s)
         reliability = ReliabilityPolicy.BEST_EFFORT if p.camera_reliability == "best_effort" \
@@ -275,9 +404,11 @@ class OxygenNode(LifecycleNode):
                                                  event_callbacks=events))
         return subs
 
-    def _stop_processing(self) -> None:
+    def _stop_processing(self, timeout_s: float = 60.0) -> bool:
         """Stop the timer and the inference thread (after its running frame), destroy the subscriptions and drop
-        the inputs; in-flight language requests are dropped with them (a fresh engine serves the next activation)."""
+        the inputs; in-flight language requests are dropped with them (a fresh engine serves the next activation).
+        False when the running frame has not ended after ``timeout_s`` (hung): then nothing else is touched, and
+        later calls do not wait for that frame again."""
         if self._control_timer is not None:
             self._control_timer.cancel()
         worker = self._worker
@@ -285,7 +416,13 @@ class OxygenNode(LifecycleNode):
             self._worker_stop.set()
             self._tick.set()
             if worker is not threading.current_thread():
-                worker.join(timeout=60.0)
+                worker.join(timeout=0.0 if worker is self._stuck_worker else timeout_s)
+                if worker.is_alive():
+                    if worker is not self._stuck_worker:
+                        self.get_logger().error(f"the running frame did not end within {timeout_s:g} s (hung?): "
+                                                "the model it uses is not released")
+                    self._stuck_worker = worker
+                    return False
         with self._engine_lock:
             if self._control_timer is not None:
                 self.destroy_timer(self._control_timer)
@@ -300,6 +437,7 @@ class OxygenNode(LifecycleNode):
                 self._ask.abort_all("the node stopped processing (deactivated)")
             if self._runner is not None and self._runner.backlog:
                 self._runner.reset()
+        return True
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
@@ -314,8 +452,12 @@ class OxygenNode(LifecycleNode):
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_processing()
+        if not self._stop_processing():
+            return FAILURE  # a hung frame: still active (its chunk will not be published, see watchdog_s)
         self._state = "inactive"
+        if self._faults.tripped:  # max_consecutive_faults: on to ErrorProcessing (on_error releases everything)
+            super().on_deactivate(state)
+            return ERROR
         self.get_logger().info("deactivated: subscriptions and timer destroyed, model kept")
         return super().on_deactivate(state)
 
@@ -334,13 +476,17 @@ class OxygenNode(LifecycleNode):
         self._release()
         return SUCCESS
 
-    def _release(self) -> None:
-        """Stop processing, then drop publishers, runner, engine and model."""
-        self._stop_processing()
+    def _release(self, timeout_s: float = 60.0) -> bool:
+        """Stop processing, then drop publishers, runner, engine and model. False (nothing released) when the
+        running frame did not end within ``timeout_s``."""
+        if not self._stop_processing(timeout_s):
+            return False
         with self._engine_lock:
             for pub in (self._action_pub, self._language_pub, self._trajectory_pub, *self._stream_pubs.values()):
                 if pub is not None:
                     self.destroy_lifecycle_publisher(pub)
+            for handle in self._safety_handles:
+                (self.destroy_service if isinstance(handle, Service) else self.destroy_subscription)(handle)
             if self._ask is not None:
                 self._ask.destroy()
             if self._runner is not None:
@@ -352,14 +498,18 @@ class OxygenNode(LifecycleNode):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        return True
 
-    def release(self) -> None:
-        """Release everything (for shutdown paths outside the lifecycle, e.g. SIGINT)."""
-        self._release()
+    def release(self, timeout_s: float = 60.0) -> bool:
+        """Release everything (for shutdown paths outside the lifecycle, e.g. SIGINT), waiting at most
+        ``timeout_s`` for the running frame, and not at all when the watchdog reports it past watchdog_s. False:
+        that frame still runs (hung) and keeps the model; the process can exit without it."""
+        watchdog = self._watchdog
+        return self._release(0.0 if watchdog is not None and watchdog.tripped else timeout_s)
 
     def destroy_node(self) -> None:
         """Release the model (and a generated model's temporary directory), then destroy the node."""
-        self._release()
+        self.release()
         super().destroy_node()
 
     # ------------------------------------------------------------------------------------------ control frame
@@ -395,10 +545,14 @@ class OxygenNode(LifecycleNode):
             self._cut_instruction = built.instruction
             self.stats.rejected_inputs.add("instruction_truncated", f"{len(built.instruction)} chars do not fit "
                                            "the model's prompt beside the state; the instruction is cut to fit")
+        if self._faults.tripped:
+            return  # max_consecutive_faults reached: the error processing is on its way
+        self._watchdog.begin()
         try:
             out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
                                     instruction=built.instruction, on_chunk=self._publish_actions)
         except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
+            self._frame_ended()
             if not self.context.ok():
                 return  # shutting down
             self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
@@ -406,7 +560,10 @@ class OxygenNode(LifecycleNode):
             if self._ask is not None:
                 self._ask.abort_all(f"the frame failed: {type(e).__name__}: {e}")
             self._runner.reset()
+            self._fault_pending |= self._faults.failure(e)  # the supervisor starts the error processing
             return
+        self._frame_ended()
+        self._faults.success()
         result = out.result
         self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
                                 result.dropped, out.chunk.latency_s)
@@ -422,14 +579,50 @@ class OxygenNode(LifecycleNode):
         if self._ask is not None:
             self._ask.on_frame(result)
 
+    def _frame_ended(self) -> None:
+        took = self._watchdog.end()
+        if took is not None:
+            self.get_logger().warning(f"watchdog: the frame that exceeded watchdog_s ended after {took:.2f} s")
+
+    def _admit(self, chunk: ChunkOutput, dt: float, now_ns: int) -> Any:
+        """The actions of ``chunk`` that may be published (clamped under limits.policy clamp), or None: non-finite,
+        beyond the limits under reject, too old, or withheld by the gate (each counted with its reason)."""
+        p, store = self.params, self._store
+        present = present_ns = None
+        if store is not None:  # the newest measured position of each action joint that is also a state joint
+            positions, arrivals = store.present_joints()
+            index = {n: i for i, n in enumerate(store.joint_names)}
+            cols = [index.get(n, -1) for n in self._limiter.names]
+            present = [positions[c] if c >= 0 else float("nan") for c in cols]
+            present_ns = [arrivals[c] if c >= 0 else 0 for c in cols]
+        checked = self._limiter.check(chunk.actions, dt, chunk.stamp_ns, now_ns, present, present_ns)
+        for note in checked.notes:
+            self.get_logger().warning(note)
+        if checked.actions is None:
+            self.stats.dropped_outputs.add(checked.reason, checked.detail)
+            return None
+        age_s = (now_ns - chunk.stamp_ns) / 1e9
+        if age_s > p.chunk_age_limit_s:
+            self.stats.dropped_outputs.add("chunk_too_old", f"frame {chunk.frame_index}: observation {age_s:.2f} s "
+                                           f"old > max_chunk_age_s={p.chunk_age_limit_s:g}")
+            return None
+        if self._gate.why_closed(chunk.stamp_ns) is not None:
+            return None  # disabled or halted (counted by the gate, reported in /diagnostics)
+        return checked.actions
+
     def _publish_actions(self, chunk: ChunkOutput) -> None:
-        """Publish the chunk's executable actions (called before any language work of the frame)."""
+        """Publish the chunk's executable actions (called before any language work of the frame) once they passed
+        the limits, the age limit and the gate (:meth:`_admit`)."""
         p, names = self.params, self._loaded.action_names
         dt = 1.0 / (p.action_rate_hz or chunk.actions.shape[0] * p.control_rate_hz)
-        self._action_pub.publish(make_action_chunk(chunk.actions, chunk.stamp_ns, chunk.frame_index, names, dt,
+        now_ns = self.get_clock().now().nanoseconds
+        actions = self._admit(chunk, dt, now_ns)
+        if actions is None:
+            return
+        self._action_pub.publish(make_action_chunk(actions, chunk.stamp_ns, chunk.frame_index, names, dt,
                                                    chunk.latency_s, subtask=chunk.subtask))
         if self._trajectory_pub is not None:
-            trajectory = make_trajectory(chunk.actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds)
+            trajectory = make_trajectory(actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds)
             if trajectory is None:
                 self.stats.dropped_outputs.add("trajectory_expired", "every point of the chunk's trajectory lies in "
                                                "the past (inference slower than the chunk)")
@@ -460,13 +653,37 @@ class OxygenNode(LifecycleNode):
             publishers = [self.count_publishers(topic) for topic in watch.topics]
             values, warnings = watch.report(store.camera_status(), publishers, self.get_clock().now().nanoseconds)
             extra.update(values)
+        for part in (self._gate, self._limiter, self._watchdog, self._faults):
+            if part is not None:
+                extra.update(part.diagnostics())
         hardware = str(loaded.policy.model.device) if loaded is not None else "none"
         status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
                                    runner.backlog if runner is not None else 0, horizon, extra, warnings)
+        self._safety_status(status)
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.status = [status]
         self._diag_pub.publish(msg)
+
+    def _safety_status(self, status: DiagnosticStatus) -> None:
+        """What the safety parts say overrides the level and message: ERROR after the fault limit sent the node
+        through ErrorProcessing (until configured again) and while a frame is past the watchdog; why no chunk is
+        published while the gate is closed (WARN when halted)."""
+        gate, watchdog = self._gate, self._watchdog
+        if self._faults.tripped:
+            status.level = DiagnosticStatus.ERROR
+            status.message = (f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
+                              f"{self._faults.limit}): {self._faults.last}; released after error processing, "
+                              "configure to start again")
+        elif watchdog is not None and watchdog.tripped:
+            status.level = DiagnosticStatus.ERROR
+            status.message = (f"watchdog: a frame has run {watchdog.running_s():.1f} s (watchdog_s="
+                              f"{watchdog.limit_s:g}); no chunk is published")
+        elif gate is not None and self._state == "active" and (why := gate.why_closed()) is not None:
+            if why == "halted":
+                status.level = max(status.level, DiagnosticStatus.WARN)
+            status.message = f"{status.message}; no chunk published: " + \
+                ("halted (~/halt is true)" if why == "halted" else "disabled (~/enable)")
 
     def _safe(self, fn: Callable[..., Any], what: str | None = None) -> Callable[..., None]:
         """Wrap a callback so an unexpected exception is counted and logged instead of killing the executor."""
@@ -483,3 +700,12 @@ class OxygenNode(LifecycleNode):
 
         return wrapped
 
+
+if __name__ == "__main__":  # the module path documented before oxygen_ros.ros.main: still starts the node
+    import sys
+
+    from oxygen_ros.ros.main import main as _main
+
+    print("note: `python -m oxygen_ros.ros.node` is the old command; use `python -m oxygen_ros.ros` "
+          "(or `oxygen-node`, `ros2 run oxygen_ros oxygen_node`)", file=sys.stderr)
+    sys.exit(_main())
