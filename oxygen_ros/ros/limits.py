@@ -71,6 +71,7 @@ def urdf_limits(xml: str) -> tuple[str, dict[str, JointLimit], list[str]]:
     Raises:
         UrdfError: the text is not a URDF urdf_parser_py can read.
     """
+    from lxml import etree  # here, not at the top: params imports this module and needs no XML parser
     from urdf_parser_py import urdf
     from urdf_parser_py.xml_reflection import core
 
@@ -80,7 +81,12 @@ def urdf_limits(xml: str) -> tuple[str, dict[str, JointLimit], list[str]]:
     with _URDF_LOCK:  # the parser reports unknown tags through a module-level hook
         hook, core.on_error = core.on_error, lambda message: None
         try:
+            root = etree.fromstring(xml.encode())
+            if root.tag != "robot":
+                raise UrdfError(f"the root element is <{root.tag}>, not <robot>")
             robot = urdf.URDF.from_xml_string(xml)
+        except UrdfError:
+            raise
         except Exception as e:  # ParseError, lxml's XMLSyntaxError, assertions on joint types
             raise UrdfError(f"{type(e).__name__}: {str(e).strip()[:300]}") from e
         finally:
@@ -270,7 +276,7 @@ class ActionLimiter:
             prev = out[i - 1] if i > 0 else np.full_like(q, np.nan)
             anchor, reach = prev, vel * dt_s
             if i == k:
-                anchor, reach = np.where(known, q, prev), np.where(known, vel * span, reach)
+                anchor, reach = np.where(known, q, prev), np.where(known, vel * np.where(known, span, 1.0), reach)
             free = np.isnan(anchor)
             out[i] = np.where(free, out[i], np.clip(out[i], np.where(free, 0.0, anchor - reach),
                                                     np.where(free, 0.0, anchor + reach)))

@@ -270,13 +270,18 @@ class OxygenNode(LifecycleNode):
         quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)  # volatile publishers: expected
         newest = NewestPerPublisher()  # a latched halt arrives on both subscriptions
 
-        def on_halt(msg: Bool, info: dict) -> None:
+        def on_halt(msg: Bool, info: dict) -> None:  # rclpy passes the message info to a two-argument callback
             gate = self._gate
-            if newest.is_new(info) and gate is not None and gate.set_halted(bool(msg.data),
-                                                                              self.get_clock().now().nanoseconds):
-                log = self.get_logger().warning if msg.data else self.get_logger().info
-                log("halt: no action chunk is published until ~/halt is false" if msg.data else
-                    "halt released: chunks observed from now on are published")
+            try:
+                changed = newest.is_new(info) and gate is not None and \
+                    gate.set_halted(bool(msg.data), self.get_clock().now().nanoseconds)
+            except Exception as e:  # never kill the executor
+                self.stats.errors.add("halt_callback", f"{type(e).__name__}: {e}")
+                return
+            if changed and msg.data:
+                self.get_logger().warning("halt: no action chunk is published until ~/halt is false")
+            elif changed:
+                self.get_logger().info("halt released: chunks observed from now on are published")
 
         self._safety_handles += [
             self.create_subscription(Bool, HALT_TOPIC, on_halt, latched, callback_group=group, event_callbacks=quiet),
