@@ -707,10 +707,9 @@ class OxygenNode(LifecycleNode):
 
 
 if __name__ == "__main__":  # the module path documented before oxygen_ros.ros.main: still starts the node
+    import runpy
     import sys
-
-    from oxygen_ros.ros.main import main as _main
 
     print("note: `python -m oxygen_ros.ros.node` is the old command; use `python -m oxygen_ros.ros` "
           "(or `oxygen-node`, `ros2 run oxygen_ros oxygen_node`)", file=sys.stderr)
-    sys.exit(_main())
+    runpy.run_module("oxygen_ros.ros", run_name="__main__", alter_sys=True)  # exactly `python -m oxygen_ros.ros`
