@@ -405,6 +405,29 @@ def test_processing_lives_from_activate_to_deactivate(context) -> None:
         node.destroy_node()
 
 
+def test_an_observation_is_acted_on_once(context) -> None:
+    """A tick without a camera image newer than the last frame's observation is skipped (repeated_observation),
+    never a second chunk from the same observation; a newer image runs again."""
+    node = make_node(context, camera_names=list(CAMS), max_image_age_s=1e9, autostart=False)
+    try:
+        assert node.trigger_configure() == TransitionCallbackReturn.SUCCESS
+        node.trigger_activate()
+        node._control_timer.cancel()  # ticks by hand only
+        stamp = node.get_clock().now().nanoseconds
+        feed(node._store, stamp_ns=stamp)
+        node._on_tick()
+        node._on_tick()
+        assert node.stats.frames == 1 and node.stats.skipped.get("repeated_observation") == 1
+        feed(node._store, stamp_ns=stamp - 1_000_000)  # older images arriving late do not count as new
+        node._on_tick()
+        assert node.stats.frames == 1 and node.stats.skipped.get("repeated_observation") == 2
+        feed(node._store, stamp_ns=stamp + 1_000_000)
+        node._on_tick()
+        assert node.stats.frames == 2
+    finally:
+        node.destroy_node()
+
+
 def test_engine_exception_is_counted_and_the_node_keeps_going(context) -> None:
     node = make_node(context, camera_names=list(CAMS), max_image_age_s=1e9)
     try:
@@ -414,8 +437,10 @@ def test_engine_exception_is_counted_and_the_node_keeps_going(context) -> None:
         node._on_tick()
         assert node.stats.frames == 1
         node._runner.engine.step = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDA fell over"))
+        feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
         node._on_tick()  # must not raise
         assert node.stats.errors.get("RuntimeError") == 1
+        feed(node._store, stamp_ns=node.get_clock().now().nanoseconds)
         node._on_tick()  # a fresh engine serves the next frame
         assert node.stats.frames == 2
         node.trigger_deactivate()

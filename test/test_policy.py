@@ -247,7 +247,7 @@ def test_bad_lerobot_checkpoints_are_clear_errors(tiny_lerobot: Path, tmp_path: 
         _edit_json(ckpt / "config.json", lambda d: d["input_features"].update(
             {"observation.memory": {"type": "ENV", "shape": [8]}}))
     elif case == "rtc":
-        _edit_json(ckpt / "config.json", lambda d: d.update(rtc_config={"enabled": True}))
+        _edit_json(ckpt / "config.json", lambda d: d.update(rtc_config={"prefix_attention_schedule": "COSINE"}))
     elif case == "no_stats":
         from safetensors.numpy import load_file as load_np
         from safetensors.numpy import save_file as save_np
@@ -268,6 +268,18 @@ def test_bad_lerobot_checkpoints_are_clear_errors(tiny_lerobot: Path, tmp_path: 
         (ckpt / "policy_preprocessor.json").unlink()
     with pytest.raises(PolicyConfigError, match=match):
         load_policy(ckpt)
+
+
+def test_lerobot_rtc_config_is_read(tiny_lerobot: Path, tmp_path: Path) -> None:
+    """A checkpoint saved with ``rtc_config`` loads; its settings (not LeRobot's defaults) become ``spec.rtc``."""
+    from oxygen_ros.engine.rtc import RTCConfig
+
+    assert load_policy(tiny_lerobot).spec.rtc is None
+    ckpt = _lerobot_copy(tiny_lerobot, tmp_path / "rtc")
+    _edit_json(ckpt / "config.json", lambda d: d.update(rtc_config={
+        "enabled": True, "prefix_attention_schedule": "EXP", "max_guidance_weight": 4.0, "execution_horizon": 7,
+        "debug": False, "debug_maxlen": 100}))
+    assert load_policy(ckpt).spec.rtc == RTCConfig(True, "identity", "exp", 4.0, 7)
 
 
 def test_lerobot_refuses_overrides_that_would_lie(tiny_lerobot: Path) -> None:

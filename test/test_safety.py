@@ -153,7 +153,8 @@ def test_required_limits_block_unlimited_joints() -> None:
 def test_limit_parameters_are_validated_by_name() -> None:
     base = {"model": "random_tiny", "joint_names": JOINTS}
     p = validate({**base, "limits.joint_1.max": 0.25, "limits": {"policy": "reject", "joint_2": {"max_velocity": 3}}})
-    assert p.limits_policy == "reject" and p.joint_limits == {"joint_1": {"max": 0.25}, "joint_2": {"max_velocity": 3.0}}
+    assert p.limits_policy == "reject"
+    assert p.joint_limits == {"joint_1": {"max": 0.25}, "joint_2": {"max_velocity": 3.0}}
     assert not p.extra
     with pytest.raises(ParamError) as e:
         validate({**base, "limits.joint_1.maximum": 1.0, "limits.joint_2.min": "low", "limits.joint_3.max_velocity": 0,
@@ -354,7 +355,8 @@ class Robot:
         return self.call(self.get, GetState.Request()).current_state.label
 
     def set_parameters(self, values: dict) -> None:
-        request = SetParameters.Request(parameters=[Parameter(k, value=v).to_parameter_msg() for k, v in values.items()])
+        request = SetParameters.Request(parameters=[Parameter(k, value=v).to_parameter_msg()
+                                                    for k, v in values.items()])
         assert all(r.successful for r in self.call(self.set_params, request).results)
 
     def chunks_since(self, t_ns: int) -> list[tuple[int, ActionChunk]]:
@@ -552,7 +554,8 @@ def test_a_hanging_frame_trips_the_watchdog_and_its_chunk_is_dropped(node, robot
 def test_faults_in_every_frame_reach_the_error_state_and_configure_works_again(node, robot, faults: Path) -> None:
     probe = robot.probe
     faults.write_text("raise:*")
-    assert probe.wait_for(lambda: "errorprocessing" in robot.transitions, 10), (robot.transitions, node.output()[-2000:])
+    assert probe.wait_for(lambda: "errorprocessing" in robot.transitions, 10), \
+        (robot.transitions, node.output()[-2000:])
     assert robot.state() == "unconfigured" and robot.transitions[-1] == "unconfigured"
     assert probe.wait_for(lambda: probe.received.diagnostic_level == 2
                           and "max_consecutive_faults=3" in probe.received.diagnostic_message, 3)

@@ -9,6 +9,7 @@ action work and language work concurrently.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -121,7 +122,7 @@ class ParallelEngine:
         the result merges both (actions from one, language and its timings from the other)."""
         t0 = time.perf_counter()
         language = self._pool.submit(self.language_worker.step_language, frame)
-        result = self.action_worker.step(Frame(frame.observation, [], frame.noise, frame.stamp), on_actions)
+        result = self.action_worker.step(dataclasses.replace(frame, requests=[]), on_actions)
         lr = language.result()
         result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
         result.batch_sizes, result.decode_steps, result.rejected = lr.batch_sizes, lr.decode_steps, lr.rejected

@@ -24,6 +24,7 @@ from .model_runner import ModelRunner
 from .modes import ENGINE_MODES, UNBOUNDED, EngineConfig, ModeSpec
 from .observation import Observation
 from .requests import ActionCallback, FinishedRequest, Frame, FrameResult, LanguageRequest
+from .rtc import RTCPrefix
 from .scheduler import BudgetController, RequestState, Scheduler, SlotAllocator
 from .speculative import DraftSource, LastOutputDrafts, acceptance_rate
 from .timing import Stopwatch
@@ -153,7 +154,7 @@ class Engine:
         sw, t0 = Stopwatch(self.runner.device), time.perf_counter()
         obs = self.runner.prepare(frame.observation)
         run = self._begin(frame, sw, t0)
-        prefix, slot = self._act(obs, frame.noise, run)
+        prefix, slot = self._act(obs, frame.noise, run, frame.rtc)
         if on_actions is not None:
             on_actions(self.frame_index, run.result.actions)
         self._serve(frame.requests, obs, prefix, slot, run)
@@ -173,18 +174,21 @@ class Engine:
 
     # ------------------------------------------------------------------------------------------ stages
     def _begin(self, frame: Frame, sw: Stopwatch, t0: float) -> _FrameRun:
-        self.scheduler.begin_frame(self.frame_index, frame.stamp, t0)
+        self.scheduler.begin_frame(self.frame_index, frame.stamp, t0, frame.deadline)
         finished, self._cancelled = self._cancelled, []  # cancelled since the last frame
         return _FrameRun(sw, t0, FrameResult(self.frame_index, [], finished, sw.times, [], 0, 0, stamp=frame.stamp))
 
-    def _act(self, obs: Observation, noise, run: _FrameRun) -> tuple[Prefix, int]:
-        """Prefill into a free slot, then every action head denoises from it (read-only)."""
+    def _act(self, obs: Observation, noise, run: _FrameRun, rtc: RTCPrefix | None = None) -> tuple[Prefix, int]:
+        """Prefill into a free slot, then every action head denoises from it (read-only), the first one guided
+        toward ``rtc`` (the previous chunk's remainder) when the engine runs real-time chunking."""
         with run.sw("manager"):
             slot = self.scheduler.alloc()
+            guide = self.runner.guide(rtc)
         with run.sw("prefill"):
             prefix = self.runner.prefill(obs, slot)
         with run.sw("denoise"):
-            run.result.actions = self.runner.denoise(prefix, noise)
+            run.result.actions = self.runner.denoise(prefix, noise, guide)
+        run.result.guided = guide is not None
         return prefix, slot
 
     def _serve(self, requests: list[LanguageRequest], obs: Observation, prefix: Prefix | None, slot: int,

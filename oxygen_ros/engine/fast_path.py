@@ -24,6 +24,7 @@ from .kv_cache import KVCache
 from .layers import GemmaStack, rope_cos_sin, sinusoidal_time_embedding
 from .lora import LoraAdapter
 from .parts import HeadParts, Prefix
+from .rtc import RTCGuide
 
 Pi05Model = nn.Module  # the model (model.py imports this module): its config, backbone, dtype, embeddings
 
@@ -169,22 +170,23 @@ def time_conditioning(model: Pi05Model, head: HeadParts, times: list[float]) -> 
 
 
 def denoise(model: Pi05Model, prefix: Prefix, cache: KVCache, noise: torch.Tensor, num_steps: int,
-            head: HeadParts) -> torch.Tensor:
+            head: HeadParts, guide: RTCGuide | None = None) -> torch.Tensor:
     """Flow-matching Euler sampling from a cached prefix (see ``Pi05Model.denoise``)."""
     rows, p = prefix.rows, prefix.length
     ks, vs = cache.layer_views(rows)
     conds = time_conditioning(model, head, model.denoise_times(num_steps))
     rope = RopeTable.get(model, int(prefix.num_valid.max()) + head.horizon)
-    return denoise_kv(model, head, ks, vs, cache.valid[rows, :p], prefix.num_valid, noise, conds, rope)
+    return denoise_kv(model, head, ks, vs, cache.valid[rows, :p], prefix.num_valid, noise, conds, rope, guide)
 
 
 def denoise_kv(model: Pi05Model, head: HeadParts, ks: list[torch.Tensor], vs: list[torch.Tensor],
                valid: torch.Tensor, num_valid: torch.Tensor, noise: torch.Tensor, conds: list[list[Norm]],
-               rope: RopeTable) -> torch.Tensor:
+               rope: RopeTable, guide: RTCGuide | None = None) -> torch.Tensor:
     """The S-step loop (one step per entry of ``conds``, :func:`time_conditioning`) over per-layer K/V
     [B, Hkv, >= P + H, D] whose first P = ``valid.shape[1]`` positions hold the prefix (``valid`` [B, P] marks its
     tokens, ``num_valid`` [B] counts them); the action tokens' K/V go to [P, P + H). Shapes depend only on the
-    arguments' shapes and nothing syncs with the host: the captured graph runs exactly this (``graphs.py``)."""
+    arguments' shapes and nothing syncs with the host: the captured graph runs exactly this (``graphs.py``).
+    ``guide``: identity real-time-chunking guidance of every step's velocity (its tensors are read, not copied)."""
     stack = head.stack
     fs, g = stack.fused(), stack.cfg
     h_len = head.horizon
@@ -204,11 +206,14 @@ def denoise_kv(model: Pi05Model, head: HeadParts, ks: list[torch.Tensor], vs: li
     dt = -1.0 / len(conds)
     x_t = noise.float()
     in_dtype, out_dtype = head.action_in_proj.weight.dtype, head.action_out_proj.weight.dtype
-    for norms in conds:
+    for step, norms in enumerate(conds):
         h = head.action_in_proj(x_t.to(in_dtype)).to(model.dtype)
         for i in range(g.depth):
             h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend)
-        x_t = x_t + dt * head.action_out_proj(normed(h, norms[-1], g.rms_eps).to(out_dtype)).float()
+        v_t = head.action_out_proj(normed(h, norms[-1], g.rms_eps).to(out_dtype)).float()
+        if guide is not None:
+            v_t = guide.apply(step, x_t, v_t)
+        x_t = x_t + dt * v_t
     return x_t
 
 

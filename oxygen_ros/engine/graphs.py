@@ -35,6 +35,7 @@ from .kv_cache import KVCache
 from .modes import GRAPH_BACKENDS
 from .observation import Observation
 from .parts import HeadParts, Prefix
+from .rtc import RTCConfig, RTCGuide, RTCPrefix
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -99,7 +100,8 @@ class _Replay:
 class FrameGraphs:
     """The static-shape denoise (one per action head) and decode steps (one per bucket) of one engine's pool."""
 
-    def __init__(self, model, cache: KVCache, heads: list[HeadParts], num_steps: int, backend: str) -> None:
+    def __init__(self, model, cache: KVCache, heads: list[HeadParts], num_steps: int, backend: str,
+                 rtc: RTCConfig | None = None) -> None:
         self.backend = resolve_backend(backend, model.device)
         if self.backend == "off":
             raise ValueError("FrameGraphs needs a backend other than 'off'")
@@ -118,6 +120,16 @@ class FrameGraphs:
         self.num_valid = torch.zeros(1, dtype=torch.long, device=dev)
         self.noise = [torch.zeros(1, h.horizon, h.action_in_proj.in_features, device=dev) for h in heads]
         self._denoise = [self._denoise_fn(i, h, num_steps) for i, h in enumerate(heads)]
+        # identity real-time chunking of the first head: the frame's target and weights copied into persistent
+        # tensors, the per-step times and gains constants of the graph (vjp guidance runs eagerly)
+        self._rtc: RTCGuide | None = None
+        self._denoise_rtc: _Replay | None = None
+        if rtc is not None and rtc.enabled and rtc.guidance == "identity":
+            h0 = heads[0]
+            a0 = h0.action_in_proj.in_features
+            template = RTCGuide.build(RTCPrefix(torch.zeros(0, a0), 0), rtc, h0.horizon, a0, num_steps, dev)
+            self._rtc = template
+            self._denoise_rtc = self._denoise_fn(0, h0, num_steps, template)
         cfg = model.config
         size = cfg.vision.image_size
         self.obs = Observation(torch.zeros(1, cfg.num_cameras, 3, size, size, dtype=model.dtype, device=dev),
@@ -142,6 +154,8 @@ class FrameGraphs:
             self._prefill()
             for run in self._denoise:
                 run()
+            if self._denoise_rtc is not None:
+                self._denoise_rtc()
             self.cache.valid.zero_()
             self._staged = None
 
@@ -188,7 +202,7 @@ class FrameGraphs:
         return self._staged
 
     # ------------------------------------------------------------------------------------------ denoise
-    def _denoise_fn(self, i: int, head: HeadParts, num_steps: int) -> _Replay:
+    def _denoise_fn(self, i: int, head: HeadParts, num_steps: int, guide: RTCGuide | None = None) -> _Replay:
         model = self.model
         with torch.no_grad():  # t is known in advance: every step's adaRMS scale / shift / gate, once
             conds = fast_path.time_conditioning(model, head, model.denoise_times(num_steps))
@@ -198,7 +212,7 @@ class FrameGraphs:
 
         def run() -> torch.Tensor:
             return fast_path.denoise_kv(model, head, ks[:n_layers], vs[:n_layers], self.stage_valid, self.num_valid,
-                                        self.noise[i], conds, self.rope)
+                                        self.noise[i], conds, self.rope, guide)
 
         return _Replay(run, self.backend)
 
@@ -206,9 +220,16 @@ class FrameGraphs:
         """Whether ``prefix`` is one observation that fits the staging buffer."""
         return prefix.rows.stop - prefix.rows.start == 1 and prefix.length <= self.prefix_len
 
+    def covers_guide(self, guide: RTCGuide | None) -> bool:
+        """Whether the static denoise runs ``guide`` (none, or identity guidance with this engine's step gains)."""
+        t = self._rtc
+        return guide is None or (t is not None and not guide.vjp and guide.gains == t.gains
+                                 and guide.times == t.times and guide.target.shape == t.target.shape)
+
     @torch.no_grad()
-    def denoise(self, prefix: Prefix, noises: list[torch.Tensor]) -> list[torch.Tensor]:
-        """One [H, A] chunk per head from a one-observation ``prefix`` (its slot is only read)."""
+    def denoise(self, prefix: Prefix, noises: list[torch.Tensor], guide: RTCGuide | None = None) -> list[torch.Tensor]:
+        """One [H, A] chunk per head from a one-observation ``prefix`` (its slot is only read); ``guide`` (real-time
+        chunking of the first head, :meth:`covers_guide`) is copied into the persistent guided step's inputs."""
         if prefix is not self._staged:  # the static prefill left this frame's prefix staged already
             slot, p = prefix.rows.start, prefix.length
             c = self.cache
@@ -217,8 +238,13 @@ class FrameGraphs:
             self.stage_valid.zero_()
             self.stage_valid[:, :p].copy_(c.valid[slot:slot + 1, :p])
             self.num_valid.copy_(prefix.num_valid)
+        runs = list(self._denoise)
+        if guide is not None:
+            self._rtc.target.copy_(guide.target)
+            self._rtc.weights.copy_(guide.weights)
+            runs[0] = self._denoise_rtc
         chunks = []
-        for run, static, noise in zip(self._denoise, self.noise, noises, strict=True):
+        for run, static, noise in zip(runs, self.noise, noises, strict=True):
             static.copy_(noise)
             chunks.append(run()[0].clone())  # the static output is overwritten by the next frame
         return chunks

@@ -32,6 +32,7 @@ from .layers import (
 )
 from .observation import Observation
 from .parts import HeadParts, Prefix
+from .rtc import RTCGuide
 
 __all__ = ["HeadParts", "Pi05Model", "Prefix"]
 
@@ -226,13 +227,15 @@ class Pi05Model(nn.Module):
     @torch.no_grad()
     def denoise(
         self, prefix: Prefix, cache: KVCache, noise: torch.Tensor | None = None, num_steps: int | None = None,
-        head: HeadParts | None = None,
+        head: HeadParts | None = None, guide: RTCGuide | None = None,
     ) -> torch.Tensor:
         """Flow-matching Euler sampling of an action chunk [B, H, A] (float32) from a cached prefix.
 
         The prefix K/V is only read; the H action tokens' K/V go to the scratch positions [P, P + H).
         ``noise`` is x_1 ~ N(0, I) [B, H, A]; t runs 1 -> 0 in ``num_steps`` steps of dt = -1/S (openpi).
         ``head`` selects another action expert reading the same prefix (default: the model's own).
+        ``guide``: real-time chunking toward the previous chunk (``rtc.py``); ``vjp`` guidance runs every step through
+        the reference modules under autograd, writing nothing to the cache (fused or not).
         """
         cfg = self.config
         head = head or self.head_parts()
@@ -245,8 +248,12 @@ class Pi05Model(nn.Module):
         if noise is None:
             noise = torch.randn(b, h_len, head.action_in_proj.in_features, device=self.device)
         noise = noise.to(self.device)  # callers may draw it on the CPU (seeded per frame)
+        if guide is not None:
+            guide = guide.to(self.device)
+            if guide.vjp:
+                return self._denoise_vjp(prefix, cache, noise, num_steps, head, guide)
         if self.fused:
-            return fast_path.denoise(self, prefix, cache, noise, num_steps, head)
+            return fast_path.denoise(self, prefix, cache, noise, num_steps, head, guide)
         dev = noise.device
         positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
         cos, sin = self._rope(positions)
@@ -255,7 +262,7 @@ class Pi05Model(nn.Module):
 
         dt = -1.0 / num_steps
         x_t = noise.float()
-        for time_k in self.denoise_times(num_steps):
+        for step, time_k in enumerate(self.denoise_times(num_steps)):
             t = torch.tensor(time_k, dtype=torch.float32, device=dev)
             h, cond = self.embed_suffix(x_t, t.expand(b), head)
             for i, layer in enumerate(head.stack.layers):
@@ -266,7 +273,38 @@ class Pi05Model(nn.Module):
                 attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask)
                 h = self._attn_out_mlp(layer, h, attn, gate, cond)
             h, _ = head.stack.norm(h, cond)
-            x_t = x_t + dt * head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
+            v_t = head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
+            if guide is not None:
+                v_t = guide.apply(step, x_t, v_t)
+            x_t = x_t + dt * v_t
+        return x_t
+
+    def _denoise_vjp(self, prefix: Prefix, cache: KVCache, noise: torch.Tensor, num_steps: int, head: HeadParts,
+                     guide: RTCGuide) -> torch.Tensor:
+        """The Euler loop with ``vjp`` guidance: each step's velocity is differentiated in x through the action
+        expert, the prefix K/V (read from the cache, never written) held constant."""
+        rows, p = prefix.rows, prefix.length
+        b, h_len, dev = prefix.num_valid.shape[0], head.horizon, noise.device
+        cos, sin = self._rope(prefix.num_valid[:, None] + torch.arange(h_len, device=dev))
+        mask = torch.cat([cache.valid[rows, :p], torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
+        mask = mask[:, None, :].expand(b, h_len, p + h_len)
+        ks = [cache.k[i, rows, :, :p] for i in range(len(head.stack.layers))]
+        vs = [cache.v[i, rows, :, :p] for i in range(len(head.stack.layers))]
+
+        def velocity(x_t: torch.Tensor, time_k: float) -> torch.Tensor:
+            h, cond = self.embed_suffix(x_t, torch.tensor(time_k, dtype=torch.float32, device=dev).expand(b), head)
+            for i, layer in enumerate(head.stack.layers):
+                x, gate = layer.input_layernorm(h, cond)
+                q, k, v = self._qkv(layer, x, cos, sin)
+                attn = gqa_attention(q, torch.cat([ks[i], k], 2), torch.cat([vs[i], v], 2), mask)
+                h = self._attn_out_mlp(layer, h, attn, gate, cond)
+            h, _ = head.stack.norm(h, cond)
+            return head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
+
+        dt = -1.0 / num_steps
+        x_t = noise.float()
+        for step, time_k in enumerate(self.denoise_times(num_steps)):
+            x_t = x_t + dt * guide.apply_vjp(step, x_t, lambda x, time_k=time_k: velocity(x, time_k))
         return x_t
 
     @torch.no_grad()
@@ -326,11 +364,13 @@ class Pi05Model(nn.Module):
     # ------------------------------------------------------------------------------------------ public API
     @torch.no_grad()
     def sample_actions(
-        self, obs: Observation, noise: torch.Tensor | None = None, num_steps: int | None = None
+        self, obs: Observation, noise: torch.Tensor | None = None, num_steps: int | None = None,
+        guide: RTCGuide | None = None,
     ) -> torch.Tensor:
-        """openpi's ``sample_actions``: prefill once, denoise S steps; returns [B, H, action_dim] float32."""
+        """openpi's ``sample_actions``: prefill once, denoise S steps; returns [B, H, action_dim] float32.
+        ``guide``: real-time chunking toward a previous chunk (LeRobot's ``predict_action_chunk`` with RTC)."""
         cache = KVCache.for_model(self.config, obs.batch_size, dtype=self.dtype, device=self.device)
-        return self.denoise(self.prefill(obs, cache), cache, noise, num_steps)
+        return self.denoise(self.prefill(obs, cache), cache, noise, num_steps, guide=guide)
 
     @torch.no_grad()
     def generate(

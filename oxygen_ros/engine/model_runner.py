@@ -20,6 +20,7 @@ from .model import Pi05Model, Prefix
 from .modes import EngineConfig
 from .observation import Observation
 from .requests import LanguageRequest
+from .rtc import RTCGuide, RTCPrefix
 from .scheduler import DecodeBatch
 
 
@@ -55,7 +56,9 @@ class ModelRunner:
         self.cache = KVCache(cfg, num_slots, length, dtype=model.dtype, device=model.device)
         backend = resolve_backend(config.graphs, model.device)
         # static-shape / captured denoise and decode steps (graphs.py); None: eager
-        self.graphs = FrameGraphs(model, self.cache, self.heads, self.num_steps, backend) if backend != "off" else None
+        self.rtc = config.rtc if config.rtc is not None and config.rtc.enabled else None
+        self.graphs = (FrameGraphs(model, self.cache, self.heads, self.num_steps, backend, self.rtc)
+                       if backend != "off" else None)
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
         self._device = model.device
@@ -89,17 +92,26 @@ class ModelRunner:
             return self.graphs.prefill(obs, slot)
         return self.model.prefill(obs, self.cache, slice(slot, slot + 1))
 
-    def denoise(self, prefix: Prefix, noise: torch.Tensor | list[torch.Tensor] | tuple | None) -> list[torch.Tensor]:
+    def guide(self, rtc: RTCPrefix | None) -> RTCGuide | None:
+        """The first head's real-time-chunking guide for a frame's remainder (None: RTC off or no remainder)."""
+        if self.rtc is None or rtc is None:
+            return None
+        head = self.heads[0]
+        return RTCGuide.build(rtc, self.rtc, head.horizon, head.action_in_proj.in_features, self.num_steps,
+                              self.device)
+
+    def denoise(self, prefix: Prefix, noise: torch.Tensor | list[torch.Tensor] | tuple | None,
+                guide: RTCGuide | None = None) -> list[torch.Tensor]:
         """One [H, A] chunk per action head, each denoised from ``prefix`` (read-only); ``noise`` is one tensor for
-        every head or one per head."""
+        every head or one per head; ``guide`` (:meth:`guide`) steers the first head's."""
         noises = noise if isinstance(noise, list | tuple) else [noise] * len(self.heads)
-        if self.graphs is not None and self.graphs.covers_prefix(prefix):
+        if self.graphs is not None and self.graphs.covers_prefix(prefix) and self.graphs.covers_guide(guide):
             dev = self.device
             noises = [torch.randn(1, h.horizon, h.action_in_proj.in_features, device=dev) if n is None else n
                       for h, n in zip(self.heads, noises, strict=True)]
-            return self.graphs.denoise(prefix, noises)
-        return [self.model.denoise(prefix, self.cache, n, self.num_steps, head)[0]
-                for head, n in zip(self.heads, noises, strict=True)]
+            return self.graphs.denoise(prefix, noises, guide)
+        return [self.model.denoise(prefix, self.cache, n, self.num_steps, head, guide if i == 0 else None)[0]
+                for i, (head, n) in enumerate(zip(self.heads, noises, strict=True))]
 
     def first_token(self, prefix: Prefix) -> int:
         """The greedy token after the prefix (a request without prompt tokens starts with it)."""

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .rtc import RTCConfig
+
 
 @dataclass(frozen=True)
 class ModeSpec:
@@ -62,6 +64,9 @@ class EngineConfig:
     # static shapes / captured graphs for the denoise loop and the decode step (graphs.py): off (eager, the
     # reference) | static | cuda | compile | auto (cuda on a CUDA device, else off)
     graphs: str = "off"
+    # real-time chunking (rtc.py): how a frame that carries the previous chunk's remainder (Frame.rtc) guides its
+    # first action head's denoise toward it; None or disabled: every chunk from plain noise
+    rtc: RTCConfig | None = None
 
     def validate(self) -> None:
         """Raise ``ValueError`` on an unknown mode or overflow policy or a non-positive size."""

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from .observation import Observation
+from .rtc import RTCPrefix
 
 
 @dataclass
@@ -44,6 +45,11 @@ class Frame:
     requests: list[LanguageRequest] = field(default_factory=list)
     noise: torch.Tensor | list[torch.Tensor] | None = None  # [1, H, A] per action head
     stamp: Any = None  # the observation time, carried into results unchanged
+    # real-time chunking: the previous chunk's remainder the first head's chunk continues (EngineConfig.rtc)
+    rtc: RTCPrefix | None = None
+    # the ``time.perf_counter`` instant the frame should end by (a control tick's deadline), which ``k = auto``
+    # budgets decoding against; None: ``EngineConfig.deadline_s`` after the frame's start
+    deadline: float | None = None
 
 
 @dataclass
@@ -81,6 +87,7 @@ class FrameResult:
     drafted: int = 0  # speculative draft tokens fed this frame
     draft_accepted: int = 0  # of which accepted (identical to what plain decoding generates)
     stamp: Any = None
+    guided: bool = False  # the first head's chunk was guided by real-time chunking (Frame.rtc under EngineConfig.rtc)
     # the new requests refused this frame, each with its reason: "pool full", "prompt too long" or
     # "max_new_tokens out of range" (``rejected`` counts them)
     rejected_requests: list[tuple[LanguageRequest, str]] = field(default_factory=list)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -26,20 +27,24 @@ __all__ = ["OVERFLOW_POLICIES", "BudgetController", "DecodeBatch", "RequestState
 class BudgetController:
     """Per-frame decode budget: a fixed k, or ``auto``: as many batched steps as fit before the frame deadline.
 
-    ``auto`` keeps an exponential moving average of the measured decode-step time per batch size and picks
+    ``auto`` budgets against a high percentile (``quantile``, default p90, the ``higher`` sample) of the last
+    ``window`` measured decode-step times per batch size, not their mean: a frame must fit when its steps run slow,
+    and the steps of one frame are not independent draws (a busy core slows them all). It picks
     k = floor(time left * safety / step cost), at least ``k_min`` (so language always progresses) and no more
-    than the backlog needs.
+    than the backlog needs. The time left is to the frame's own deadline when it has one (a frame that started
+    late gets less, so lateness does not carry over), else to ``deadline_s`` after its start.
     """
 
     def __init__(self, k: int | str, deadline_s: float | None = None, k_min: int = 1, k_max: int = 64,
-                 safety: float = 0.9, ema: float = 0.3) -> None:
+                 safety: float = 0.85, window: int = 32, quantile: float = 0.9) -> None:
         if k != "auto" and (not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive integer or 'auto', got {k!r}")
         if k == "auto" and not deadline_s:
             raise ValueError("k='auto' needs a frame deadline (deadline_s)")
         self.k, self.deadline_s, self.k_min, self.k_max = k, deadline_s, k_min, k_max
-        self.safety, self.ema = safety, ema
-        self._cost: dict[int, float] = {}
+        self.safety, self.window, self.quantile = safety, window, quantile
+        self._times: dict[int, deque[float]] = {}
+        self._cost: dict[int, float] = {}  # the percentile per batch size, refreshed on each observation
 
     @property
     def auto(self) -> bool:
@@ -48,8 +53,10 @@ class BudgetController:
 
     def observe(self, batch: int, seconds: float) -> None:
         """Record the measured time of one decode forward over ``batch`` rows."""
-        old = self._cost.get(batch)
-        self._cost[batch] = seconds if old is None else (1 - self.ema) * old + self.ema * seconds
+        times = self._times.setdefault(batch, deque(maxlen=self.window))
+        times.append(seconds)
+        ranked = sorted(times)
+        self._cost[batch] = ranked[min(len(ranked) - 1, math.ceil(self.quantile * len(ranked)) - 1)]
 
     def step_cost(self, batch: int) -> float | None:
         """Estimated seconds of one decode forward over ``batch`` rows (None before any measurement)."""
@@ -63,14 +70,20 @@ class BudgetController:
             return self._cost[b] * batch / b
         return None
 
-    def budget(self, elapsed_s: float, batch: int, backlog_steps: int) -> int:
+    def time_left(self, elapsed_s: float, deadline: float | None = None) -> float:
+        """Seconds left for decoding: to ``deadline`` (a ``time.perf_counter`` instant) when given, else to
+        ``deadline_s`` after the frame's start; never negative."""
+        left = deadline - time.perf_counter() if deadline is not None else self.deadline_s - elapsed_s
+        return max(left, 0.0)
+
+    def budget(self, elapsed_s: float, batch: int, backlog_steps: int, deadline: float | None = None) -> int:
         """Decode steps for this frame, given the time already spent and the current in-flight batch."""
         if not self.auto:
             return int(self.k)
         cost = self.step_cost(max(batch, 1))
         if cost is None:
             return self.k_min  # first frame: measure
-        fit = math.floor(max(self.deadline_s - elapsed_s, 0.0) * self.safety / cost)
+        fit = math.floor(self.time_left(elapsed_s, deadline) * self.safety / cost)
         return max(self.k_min, min(fit, self.k_max, max(backlog_steps, self.k_min)))
 
 
@@ -103,15 +116,18 @@ class Scheduler:
         self.drafts = drafts  # speculative decoding's draft source (None: one token per row and forward)
         self.slots = SlotAllocator(num_slots)
         self.budget = BudgetController(config.k, config.deadline_s) if batched else BudgetController(UNBOUNDED)
+        self._deadline: float | None = None  # the current frame's end (begin_frame)
         self.inflight: list[RequestState] = []
         self.next_request_id = 0
         self._frame: tuple[int, Any, float] = (0, None, 0.0)  # index, stamp, start time of the current frame
         self._allow: dict[int, int] = {}  # request id -> steps this frame, where priorities set them (auto)
 
     # ------------------------------------------------------------------------------------------ frames and slots
-    def begin_frame(self, index: int, stamp: Any, start_time: float) -> None:
-        """A new frame: every in-flight request spans one more frame and gets a fresh per-frame budget."""
+    def begin_frame(self, index: int, stamp: Any, start_time: float, deadline: float | None = None) -> None:
+        """A new frame: every in-flight request spans one more frame and gets a fresh per-frame budget;
+        ``deadline``: the ``time.perf_counter`` instant it should end by (None: ``deadline_s`` after its start)."""
         self._frame = (index, stamp, start_time)
+        self._deadline = deadline
         for r in self.inflight:
             r.frames += 1
             r.frame_steps = 0
@@ -233,7 +249,7 @@ class Scheduler:
         reqs = self.inflight
         backlog = max((r.request.total_steps - r.steps for r in reqs), default=0)
         elapsed = time.perf_counter() - self._frame[2]
-        k = self.budget.budget(elapsed, len(reqs), backlog)
+        k = self.budget.budget(elapsed, len(reqs), backlog, self._deadline)
         live = [r for r in reqs if not r.done]
         self._allow = (self._priority_allowances(live, elapsed)
                        if self.budget.auto and len({r.request.priority for r in live}) > 1 else {})
@@ -254,7 +270,7 @@ class Scheduler:
         # in the units of ``k``: steps counted from the frame's start (a request's free first token included)
         cap = {r.request_id: r.frame_steps + r.request.total_steps - r.steps for r in reqs}
         allow = {i: min(b.k_min, c) for i, c in cap.items()}
-        left = max(b.deadline_s - elapsed, 0.0) * b.safety - b.k_min * full
+        left = b.time_left(elapsed, self._deadline) * b.safety - b.k_min * full
         for level in sorted({r.request.priority for r in reqs}, reverse=True):
             rows = [r for r in reqs if r.request.priority >= level]
             want = max(cap[r.request_id] - allow[r.request_id] for r in rows)

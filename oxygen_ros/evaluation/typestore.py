@@ -47,6 +47,7 @@ uint32 action_dim
 float32[] actions
 builtin_interfaces/Duration dt
 builtin_interfaces/Duration inference_latency
+uint32 first_step
 string subtask
 """,
     LANGUAGE_TYPE: """\

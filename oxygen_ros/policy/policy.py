@@ -24,6 +24,7 @@ from oxygen_ros.engine.config import get_config
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.precision import apply_precision
+from oxygen_ros.engine.rtc import RTCConfig, RTCGuide, RTCPrefix
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 
 from .adapters import decode_state, encode_actions
@@ -35,6 +36,7 @@ from .formats.openpi import read_openpi
 from .formats.oxygen import read_oxygen
 from .images import as_hwc_uint8, assemble_slots, image_to_model
 from .normalize import normalize, unnormalize
+from .rtc import PAPER_RTC
 from .spec import PolicySpec
 
 __all__ = ["Policy", "PreparedObservation", "RawObservation", "load_policy"]
@@ -154,18 +156,61 @@ class Policy:
             actions = actions + np.where(mask, ref, 0).astype(actions.dtype)
         return encode_actions(np.array(actions), spec.robot_adapter)
 
+    def rereference(self, actions: np.ndarray, old_reference: np.ndarray, prepared: PreparedObservation) -> np.ndarray:
+        """Normalised actions [T, action_dims] whose delta dims were relative to ``old_reference`` -> relative to
+        ``prepared``'s state (unchanged without delta dims): how a previous chunk's remainder is expressed for the
+        next observation's denoise (real-time chunking)."""
+        spec = self.spec
+        if not any(spec.delta_mask):
+            return actions
+        n = actions.shape[-1]
+        mask = np.zeros(n, dtype=bool)
+        mask[: len(spec.delta_mask)] = spec.delta_mask[:n]
+        shift = np.zeros(n)
+        m = min(n, old_reference.shape[0], prepared.reference_state.shape[0])
+        shift[:m] = old_reference[:m] - prepared.reference_state[:m]
+        robot = unnormalize(np.asarray(actions, dtype=np.float64), spec.action_norm)
+        moved = normalize(robot + np.where(mask, shift, 0.0), spec.action_norm)
+        return np.where(mask, moved, actions).astype(np.float32)
+
     # ------------------------------------------------------------------------------------------ reference
+    def rtc_guide(self, rtc: RTCPrefix | None, rtc_config: RTCConfig | None = None,
+                  num_steps: int | None = None) -> RTCGuide | None:
+        """The denoise guide for a previous chunk's remainder ``rtc`` under ``rtc_config`` (default: the
+        checkpoint's own, else the paper's); None without a remainder or with RTC disabled."""
+        config = rtc_config or self.spec.rtc or PAPER_RTC
+        if rtc is None or not config.enabled:
+            return None
+        cfg = self.model.config
+        return RTCGuide.build(rtc, config, cfg.action_horizon, cfg.action_dim, num_steps or cfg.num_steps,
+                              self.model.device)
+
     @torch.no_grad()
-    def infer(self, raw: RawObservation, noise: np.ndarray | torch.Tensor | None = None,
-              num_steps: int | None = None) -> np.ndarray:
-        """The robot-unit chunk [H, D] for one observation (prefill + denoise, no language)."""
+    def _sample(self, raw: RawObservation, noise, num_steps: int | None, rtc: RTCPrefix | None,
+                rtc_config: RTCConfig | None) -> tuple[torch.Tensor, PreparedObservation]:
         prepared = self.prepare(raw)
         obs = prepared.observation.to(self.model.device, self.model.dtype)
         if noise is not None:
             noise = torch.as_tensor(np.asarray(noise) if not isinstance(noise, torch.Tensor) else noise)
             noise = noise.reshape(1, self.spec.chunk_size, -1).to(self.model.device, torch.float32)
-        chunk = self.model.sample_actions(obs, noise, num_steps)[0]
+        guide = self.rtc_guide(rtc, rtc_config, num_steps)
+        return self.model.sample_actions(obs, noise, num_steps, guide=guide)[0], prepared
+
+    def infer(self, raw: RawObservation, noise: np.ndarray | torch.Tensor | None = None,
+              num_steps: int | None = None, *, rtc: RTCPrefix | None = None,
+              rtc_config: RTCConfig | None = None) -> np.ndarray:
+        """The robot-unit chunk [H, D] for one observation (prefill + denoise, no language). ``rtc``: the previous
+        chunk's remainder to continue (real-time chunking, as LeRobot's ``predict_action_chunk(...,
+        inference_delay, prev_chunk_left_over, execution_horizon)``), under ``rtc_config`` (see :meth:`rtc_guide`)."""
+        chunk, prepared = self._sample(raw, noise, num_steps, rtc, rtc_config)
         return self.postprocess(chunk, prepared)
+
+    def infer_normalized(self, raw: RawObservation, noise: np.ndarray | torch.Tensor | None = None,
+                         num_steps: int | None = None, *, rtc: RTCPrefix | None = None,
+                         rtc_config: RTCConfig | None = None) -> np.ndarray:
+        """:meth:`infer` before post-processing: the model's normalised chunk [H, action_dims] (float32)."""
+        chunk, _ = self._sample(raw, noise, num_steps, rtc, rtc_config)
+        return chunk[:, : self.spec.action_dims].float().cpu().numpy()
 
 
 def _sizes_sidecar(directory: Path) -> dict | None:

@@ -24,9 +24,11 @@ import torch
 
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.requests import Frame, FrameResult, LanguageRequest
+from oxygen_ros.engine.rtc import RTCPrefix
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 
 from .policy import Policy, PreparedObservation, RawObservation
+from .rtc import ChunkMemory, DelayEstimator, RTCSchedule
 
 __all__ = ["TRIGGERS", "ChunkOutput", "FrameOutput", "FrameRunner", "LanguageSchedule", "seeded_noise"]
 
@@ -111,7 +113,12 @@ class _StreamClock:
 
 @dataclass
 class ChunkOutput:
-    """A denoised chunk in robot units, handed out before any language work of its frame."""
+    """A denoised chunk in robot units, handed out before any language work of its frame.
+
+    Action i is the target for ``stamp_ns + (i + 1) * dt``. ``start`` counts the leading actions already committed
+    when the chunk was ready (their time had passed: the robot executed the previous chunk's), so what a robot is
+    sent is :attr:`published`, from action ``start`` on.
+    """
 
     frame_index: int
     stamp_ns: int
@@ -120,6 +127,14 @@ class ChunkOutput:
     latency_s: float
     inference_s: float
     subtask: str = ""  # the subtask its action prompt was conditioned on ('' = none)
+    start: int = 0  # actions already committed when it was ready (< H)
+    guided: bool = False  # real-time chunking guided it toward the previous chunk's remainder
+    delay: int = 0  # the inference delay (actions) its guidance assumed
+
+    @property
+    def published(self) -> np.ndarray:
+        """The actions still ahead when the chunk was ready: ``actions`` from ``start`` on (at least one row)."""
+        return self.chunk[self.start:max(self.start + 1, len(self.actions))]
 
 
 @dataclass
@@ -156,15 +171,24 @@ class FrameRunner:
         condition_on: subtask conditioning (off: ''): the name of a stream (normally the ``subtask`` task) whose
             latest finished output enters the action prompt of the frames after it finished, in pi0.5's two-stage
             form (``PromptTokenizer.tokenize_action_prompt(subtask=...)``); cleared when the instruction changes.
+        rtc: real-time chunking (:mod:`.rtc`): each frame's chunk continues the last one handed out (its remainder
+            from the new observation's stamp on, delta dims re-referenced), with the delay fixed or estimated from
+            the measured chunk ages; the engine must run ``EngineConfig.rtc`` = ``rtc.config``.
     """
 
     def __init__(self, policy: Policy, engine_factory: Callable[[], Engine],
                  language: LanguageSchedule | Sequence[LanguageSchedule] | None = None,
                  noise: Callable[[int, int, int], torch.Tensor] | None = None, n_execute: int | None = None,
-                 condition_on: str = "") -> None:
+                 condition_on: str = "", rtc: RTCSchedule | None = None) -> None:
         self.policy = policy
         self._factory = engine_factory
         self.engine = engine_factory()
+        self.rtc = rtc
+        if rtc is not None and rtc.config.enabled and getattr(self.engine.config, "rtc", None) != rtc.config:
+            raise ValueError("real-time chunking: build the engine with EngineConfig(rtc=...) equal to rtc.config")
+        self.delays = DelayEstimator(rtc.dt_s, rtc.window, rtc.quantile) if rtc is not None else None
+        self._memory = ChunkMemory(rtc.dt_s) if rtc is not None else None
+        self._chunk_instruction: str | None = None  # the instruction the remembered chunk was made for
         streams = (language,) if isinstance(language, LanguageSchedule) else tuple(language or ())
         names = [s.stream for s in streams]
         if len(set(names)) != len(names):
@@ -201,6 +225,20 @@ class FrameRunner:
         self.engine = self._factory()
         self._subtask_requests.clear()  # their requests are lost with the engine (frame indices restart)
         self._subtask = (*self._subtask[:2], -1)
+        self.forget_chunk()
+
+    def forget_chunk(self) -> None:
+        """The next chunk starts free (real-time chunking has nothing to continue): after a reset, when the robot
+        stopped executing chunks (disabled, halted) or a new instruction arrived."""
+        if self._memory is not None:
+            self._memory.clear()
+
+    @property
+    def delay(self) -> int:
+        """The inference delay (actions) the next guided chunk assumes: fixed, or the online estimate."""
+        if self.rtc is None:
+            return 0
+        return self.rtc.delay if self.rtc.delay is not None else self.delays.delay
 
     def close(self) -> None:
         close = getattr(self.engine, "close", None)
@@ -284,13 +322,34 @@ class FrameRunner:
                 clock.started(stamp, instruction)
         return requests
 
+    def _remainder(self, stamp_ns: int, instruction: str, prepared: PreparedObservation) -> RTCPrefix | None:
+        """What this frame's chunk continues under real-time chunking (None: off, nothing published yet, a new
+        instruction, or the last chunk ended before ``stamp_ns``)."""
+        if self.rtc is None or not self.rtc.config.enabled:
+            return None
+        if instruction != self._chunk_instruction:
+            self.forget_chunk()
+        return self._memory.remainder(stamp_ns, self.delay,
+                                      lambda a, ref: self.policy.rereference(a, ref, prepared))
+
+    def _committed(self, stamp_ns: int, age_s: float, horizon: int) -> int:
+        """Leading actions whose time passed ``age_s`` after the observation (0 without real-time chunking)."""
+        if self.rtc is None or not stamp_ns:
+            return 0
+        self.delays.observe(age_s)
+        return min(horizon - 1, max(0, int(age_s / self.rtc.dt_s + 1e-9)))
+
     def step(self, observation: RawObservation | PreparedObservation, *, stamp_ns: int = 0,
              arrived: float | None = None, instruction: str | None = None, start_language: bool = True,
-             on_chunk: Callable[[ChunkOutput], None] | None = None) -> FrameOutput:
+             on_chunk: Callable[[ChunkOutput], None] | None = None,
+             clock_ns: Callable[[], int] | None = None, deadline: float | None = None) -> FrameOutput:
         """Run one frame. ``on_chunk`` gets the robot-unit chunk before any decoding of the frame.
 
         ``arrived`` is the ``time.monotonic()`` instant the newest input arrived; ``instruction`` the request
-        prompt's instruction (default: the observation's task).
+        prompt's instruction (default: the observation's task). ``clock_ns``: the clock of the stamps (the node's,
+        a simulator's), read when the chunk is ready: the chunk's age since its observation, which real-time
+        chunking counts committed actions and estimates the delay from (default: ``latency_s``). ``deadline``: the
+        ``time.perf_counter`` instant the frame should end by (``Frame.deadline``: what ``k = auto`` fits).
         """
         t0 = time.monotonic()
         if isinstance(observation, RawObservation):
@@ -305,19 +364,27 @@ class FrameRunner:
         requests = self._with_submitted(self._due_requests(stamp_ns, instruction or "") if start_language else [])
         spec = self.policy.spec
         noise = self.noise(index, spec.chunk_size, self.policy.model.config.action_dim)
+        rtc = self._remainder(stamp_ns, instruction or "", prepared)
         out: list[ChunkOutput] = []
 
         def handle(frame_index: int, chunks: list[torch.Tensor]) -> None:
             robot = self.policy.postprocess(chunks[0], prepared)
             now = time.monotonic()
             since = t0 if arrived is None else arrived
+            age = (clock_ns() - stamp_ns) / 1e9 if clock_ns is not None and stamp_ns else now - since
             chunk = ChunkOutput(frame_index, stamp_ns, robot[: self.n_execute], robot, now - since, now - t0,
-                                prepared.subtask)
+                                prepared.subtask, self._committed(stamp_ns, age, len(robot)), rtc is not None,
+                                rtc.delay if rtc is not None else 0)
+            if self._memory is not None:
+                self._memory.record(stamp_ns, chunks[0][:, : spec.action_dims].float().cpu().numpy(),
+                                    prepared.reference_state)
+                self._chunk_instruction = instruction or ""
             out.append(chunk)
             if on_chunk is not None:
                 on_chunk(chunk)
 
-        result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns), on_actions=handle)
+        result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns, rtc=rtc,
+                                        deadline=deadline), on_actions=handle)
         self.processed += 1
         if self.condition_on:
             if any(r.stream == self.condition_on for r in requests):

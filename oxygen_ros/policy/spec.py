@@ -11,6 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from oxygen_ros.engine.rtc import RTCConfig
+
 __all__ = ["FRAMEWORKS", "IMAGE_RESIZES", "MISSING_CAMERA_RULES", "NORM_MODES", "FeatureNorm", "PolicySpec"]
 
 FRAMEWORKS = ("oxygen", "openpi", "lerobot")
@@ -71,6 +73,7 @@ class PolicySpec:
         max_token_len: padded prompt length.
         time_schedule: Euler times (see :class:`~oxygen_ros.engine.config.Pi05Config`).
         rename_map: raw observation key renames applied first (LeRobot's rename_observations_processor).
+        rtc: the checkpoint's real-time-chunking settings (LeRobot's ``rtc_config``; None: it has none).
         notes: what was read from where, for the log.
     """
 
@@ -95,6 +98,7 @@ class PolicySpec:
     time_schedule: str = "accumulate"
     default_cameras: tuple[str, ...] = ()
     rename_map: dict[str, str] = field(default_factory=dict)
+    rtc: RTCConfig | None = None
     notes: tuple[str, ...] = ()
 
     def summary(self) -> str:

@@ -33,12 +33,14 @@ class Match:
         return max_skew_ns < 0 or self.spread_ns <= max_skew_ns
 
 
-def best_match(stamps: Sequence[Sequence[int]]) -> Match | None:
+def best_match(stamps: Sequence[Sequence[int]], after_ns: int | None = None) -> Match | None:
     """The best-matching set of one stamp per camera (smallest spread, then newest), or None when a camera has no
     candidate. Whether its spread is acceptable is the caller's :meth:`Match.within`.
 
     Args:
         stamps: per camera, its candidate stamps (any order).
+        after_ns: only sets whose newest stamp is later than this (a set already acted on is never chosen again,
+            nor an older one; None when no set qualifies).
 
     Every set's newest member is some candidate ``p``; for a fixed ``p`` the smallest spread takes from each other
     camera its newest stamp at or before ``p``. Trying every candidate as ``p`` therefore finds the optimum in
@@ -52,6 +54,8 @@ def best_match(stamps: Sequence[Sequence[int]]) -> Match | None:
     best_picks: list[int] = []
     for cam_stamps in ordered:
         for pivot in cam_stamps:
+            if after_ns is not None and pivot <= after_ns:
+                continue
             picks = [bisect_right(other, pivot) - 1 for other in ordered]  # newest at or before the pivot
             if min(picks) < 0:
                 continue  # a camera has nothing this old: no set has this pivot as its newest member

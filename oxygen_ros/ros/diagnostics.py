@@ -109,8 +109,9 @@ class NodeStats:
         self._reported = {"errors": 0, "misses": 0}
 
     def record_frame(self, timings: Mapping[str, float], period_s: float, tokens: int, rejected: int,
-                     dropped: int, latency_s: float | None = None) -> None:
-        """One processed frame: stage times in seconds, frame deadline = ``period_s``."""
+                     dropped: int, latency_s: float | None = None, overrun_s: float | None = None) -> None:
+        """One processed frame: stage times in seconds; a deadline miss when it ended ``overrun_s`` > 0 after its
+        control tick's deadline, or (not given) when it took longer than ``period_s``."""
         now = self._clock()
         with self._lock:
             self.frames += 1
@@ -118,7 +119,7 @@ class NodeStats:
             for stage, ema in self.stage_ms.items():
                 if stage in timings:
                     ema.update(timings[stage] * 1e3)
-            if timings.get("frame", 0.0) > period_s:
+            if (overrun_s > 0) if overrun_s is not None else timings.get("frame", 0.0) > period_s:
                 self.deadline_misses += 1
             if latency_s is not None:
                 self.latency_ms.update(latency_s * 1e3)

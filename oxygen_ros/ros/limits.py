@@ -194,11 +194,12 @@ class ActionLimiter:
 
     # ------------------------------------------------------------------------------------------ the check
     def check(self, actions: np.ndarray, dt_s: float, stamp_ns: int, now_ns: int,
-              present: np.ndarray | None = None, present_ns: np.ndarray | None = None) -> LimitCheck:
-        """Check (and under clamp, fix) one chunk ``actions`` [H, D] (robot units, action i due at
-        ``stamp + (i + 1) * dt``) at node time ``now_ns``. ``present`` [D]: each action joint's newest measured
-        position (NaN = unknown), ``present_ns`` [D] its node-clock time."""
-        out = self._check(actions, dt_s, stamp_ns, now_ns, present, present_ns)
+              present: np.ndarray | None = None, present_ns: np.ndarray | None = None,
+              first_step: int = 0) -> LimitCheck:
+        """Check (and under clamp, fix) one chunk ``actions`` [H, D] (robot units, row i due at
+        ``stamp + (first_step + i + 1) * dt``) at node time ``now_ns``. ``present`` [D]: each action joint's newest
+        measured position (NaN = unknown), ``present_ns`` [D] its node-clock time."""
+        out = self._check(actions, dt_s, stamp_ns + first_step * round(dt_s * 1e9), now_ns, present, present_ns)
         with self._lock:
             self.chunks["checked"] += 1
             if out.actions is None:

@@ -20,15 +20,17 @@ from oxygen_ros.engine.lora import LoraAdapter
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.precision import PRECISIONS
 from oxygen_ros.engine.requests import Frame, LanguageRequest
+from oxygen_ros.engine.rtc import RTCConfig
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
 from oxygen_ros.policy import Policy, SpecOptions, load_policy
 from oxygen_ros.policy.policy import with_action_dims
+from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
 
 from .params import NodeParams
 
-__all__ = ["LoadedPolicy", "build_runner", "engine_config", "instruction_char_cap", "load_node_policy",
-           "resolve_device", "warm_up"]
+__all__ = ["LoadedPolicy", "action_period_s", "build_runner", "engine_config", "instruction_char_cap",
+           "load_node_policy", "resolve_device", "rtc_config", "warm_up"]
 
 
 
@@ -193,13 +195,30 @@ def instruction_char_cap(p: NodeParams, policy: Policy) -> int:
     return p.max_instruction_chars or 8 * policy.spec.max_token_len
 
 
-def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None) -> EngineConfig:
-    """The engine configuration the parameters describe."""
+def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None,
+                  rtc: RTCConfig | None = None) -> EngineConfig:
+    """The engine configuration the parameters describe (``rtc``: :func:`rtc_config`)."""
     prompt_tokens = max(p.max_prompt_tokens, p.ask_max_prompt_tokens if p.ask_enabled else 0)  # questions too
     return EngineConfig(mode=p.mode, num_steps=p.num_steps, k="auto" if p.k_auto else p.k,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
                         max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
-                        speculate=p.speculate, graphs=p.graphs)
+                        speculate=p.speculate, graphs=p.graphs, rtc=rtc)
+
+
+def rtc_config(p: NodeParams, policy: Policy) -> RTCConfig | None:
+    """The real-time chunking the ``rtc.*`` parameters describe (None: off); unset values come from the
+    checkpoint's own settings (LeRobot's ``rtc_config``), else the paper's."""
+    if not p.rtc_enabled:
+        return None
+    base = policy.spec.rtc or PAPER_RTC
+    return RTCConfig(True, p.rtc_guidance, p.rtc_schedule or base.schedule,
+                     p.rtc_max_guidance_weight or base.max_guidance_weight,
+                     p.rtc_execution_horizon or base.execution_horizon)
+
+
+def action_period_s(p: NodeParams, n_execute: int) -> float:
+    """Seconds between consecutive actions of a chunk (ActionChunk.dt)."""
+    return 1.0 / (p.action_rate_hz or n_execute * p.control_rate_hz)
 
 
 def build_runner(loaded: LoadedPolicy) -> FrameRunner:
@@ -209,15 +228,19 @@ def build_runner(loaded: LoadedPolicy) -> FrameRunner:
 
     model = policy.model
     adapters = {s.name: load_adapter(s.adapter, f"{s.name}.adapter", model) for s in p.streams if s.adapter}
+    rtc = rtc_config(p, policy)
 
     def factory() -> Engine:
-        return build_engine(model, engine_config(p, tok.eos_id), detokenize=tok.decode, adapters=adapters)
+        return build_engine(model, engine_config(p, tok.eos_id, rtc=rtc), detokenize=tok.decode, adapters=adapters)
 
     language = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
                                  p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority,
                                  s.name if s.adapter else "") for s in p.streams]
-    return FrameRunner(policy, factory, language, seeded_noise(p.seed), p.actions_per_chunk or None,
-                       condition_on=p.subtask_conditioning)
+    n_execute = p.actions_per_chunk or policy.spec.n_action_steps
+    schedule = None if rtc is None else RTCSchedule(rtc, action_period_s(p, n_execute),
+                                                    None if p.rtc_delay == "auto" else int(p.rtc_delay))
+    return FrameRunner(policy, factory, language, seeded_noise(p.seed), n_execute,
+                       condition_on=p.subtask_conditioning, rtc=schedule)
 
 
 def load_adapter(path: str, param_name: str, model) -> LoraAdapter:

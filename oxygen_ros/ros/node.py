@@ -44,6 +44,7 @@ import gc
 import threading
 import time
 import traceback
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -68,7 +69,14 @@ from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
 from .fault_injection import install_from_env
 from .limits import ActionLimiter, UrdfError, urdf_limits
-from .model_loader import LoadedPolicy, build_runner, instruction_char_cap, load_node_policy, warm_up
+from .model_loader import (
+    LoadedPolicy,
+    action_period_s,
+    build_runner,
+    instruction_char_cap,
+    load_node_policy,
+    warm_up,
+)
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
 from .params import (
     PARAMS,
@@ -95,6 +103,7 @@ HALT_TOPIC = "~/halt"
 _BUILTIN_PARAMS = ("use_sim_time", "start_type_description_service")
 SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
     TransitionCallbackReturn.ERROR
+LATE_TICK_S = 0.005  # a tick noticed this long after it fired waited for a frame: it may be skipped
 
 
 class OxygenNode(LifecycleNode):
@@ -151,6 +160,9 @@ class OxygenNode(LifecycleNode):
         self._worker: threading.Thread | None = None
         self._last_instruction = ""
         self._cut_instruction = ""
+        self._frame_began = 0.0  # time.perf_counter() when the running frame began building its observation
+        self._rtc_guided = 0  # chunks real-time chunking guided
+        self._rtc_last_guided = False
         self._limiter: ActionLimiter | None = None
         self._gate: ActionGate | None = None
         self._watchdog: FrameWatchdog | None = None
@@ -365,10 +377,12 @@ class OxygenNode(LifecycleNode):
         # ran the whole frame would keep rclpy's multi-threaded executor busy-polling the still-ready timer,
         # starving inference of the GIL (measured: 7x slower frames).
         self._tick = threading.Event()
+        self._tick_at = 0.0  # time.perf_counter() of the newest control tick
+        self._action_path_s: deque[float] = deque(maxlen=30)  # tick handled -> chunk ready, recent frames
         self._worker_stop = threading.Event()
         self._worker = threading.Thread(target=self._inference_loop, name="oxygen-inference", daemon=True)
         self._worker.start()
-        self._control_timer = self.create_timer(p.period_s, self._tick.set, self._control_group)
+        self._control_timer = self.create_timer(p.period_s, self._on_timer, self._control_group)
 
     def _instruction_subscriptions(self, store: InputStore) -> list:
         """Two subscriptions to ``instruction``: a transient-local one receives the instruction a latched publisher
@@ -518,30 +532,50 @@ class OxygenNode(LifecycleNode):
         super().destroy_node()
 
     # ------------------------------------------------------------------------------------------ control frame
+    def _on_timer(self) -> None:
+        self._tick_at = time.perf_counter()
+        self._tick.set()
+
     def _inference_loop(self) -> None:
-        """The inference thread: one frame per control tick (a tick that arrives during a frame runs right after)."""
+        """The inference thread: one frame per control tick, due by the next tick. A tick noticed late (the frame
+        before it overran) runs with the time left, which ``k = auto`` decodes into; with less time left than the
+        action path took recently (p90), it is skipped (``late_tick``): a late frame never makes the next late.
+        A tick noticed on time always runs."""
         tick, stop, run = self._tick, self._worker_stop, self._safe(self._on_tick, "control_tick")
+        period = self.params.period_s
         while not stop.is_set():
             if tick.wait(0.2):
                 tick.clear()
-                if not stop.is_set():
-                    run()
+                if stop.is_set():
+                    break
+                deadline = self._tick_at + period
+                left, need = deadline - time.perf_counter(), self._action_path_p90()
+                if left < min(need, period - LATE_TICK_S):
+                    self.stats.skipped.add("late_tick", f"{left * 1e3:.0f} ms of the control period left when the "
+                                           f"previous frame ended; the action path needs {need * 1e3:.0f} ms")
+                    continue
+                run(deadline)
 
-    def _on_tick(self) -> None:
+    def _action_path_p90(self) -> float:
+        times = sorted(self._action_path_s)
+        return times[min(len(times) - 1, int(0.9 * len(times)))] if times else 0.0
+
+    def _on_tick(self, deadline: float | None = None) -> None:
         if not self._engine_lock.acquire(blocking=False):
             return  # being released
         try:
             if self._runner is None or self._builder is None:
                 return
+            self._frame_began = time.perf_counter()
             built = self._builder.build(self.get_clock().now().nanoseconds, self._runner.subtask)
             if isinstance(built, Skip):
                 self.stats.skipped.add(built.reason, built.detail)
                 return
-            self._run_frame(built)
+            self._run_frame(built, deadline)
         finally:
             self._engine_lock.release()
 
-    def _run_frame(self, built: BuiltObservation) -> None:
+    def _run_frame(self, built: BuiltObservation, deadline: float | None = None) -> None:
         p = self.params
         if built.prompt_truncated:
             self.stats.rejected_inputs.add("prompt_truncated", "the state alone exceeds the model's "
@@ -555,7 +589,8 @@ class OxygenNode(LifecycleNode):
         self._watchdog.begin()
         try:
             out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
-                                    instruction=built.instruction, on_chunk=self._publish_actions)
+                                    instruction=built.instruction, on_chunk=self._publish_actions,
+                                    clock_ns=lambda: self.get_clock().now().nanoseconds, deadline=deadline)
         except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
             self._frame_ended()
             if not self.context.ok():
@@ -570,8 +605,9 @@ class OxygenNode(LifecycleNode):
         self._frame_ended()
         self._faults.success()
         result = out.result
+        overrun = None if deadline is None else time.perf_counter() - deadline
         self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
-                                result.dropped, out.chunk.latency_s)
+                                result.dropped, out.chunk.latency_s, overrun)
         for done in result.finished:
             if done.dropped or done.cancelled:
                 continue  # evicted by drop_oldest or cancelled (an ask goal) before finishing: not published
@@ -589,9 +625,10 @@ class OxygenNode(LifecycleNode):
         if took is not None:
             self.get_logger().warning(f"watchdog: the frame that exceeded watchdog_s ended after {took:.2f} s")
 
-    def _admit(self, chunk: ChunkOutput, dt: float, now_ns: int) -> Any:
-        """The actions of ``chunk`` that may be published (clamped under limits.policy clamp), or None: non-finite,
-        beyond the limits under reject, too old, or withheld by the gate (each counted with its reason)."""
+    def _admit(self, chunk: ChunkOutput, actions: Any, dt: float, now_ns: int) -> Any:
+        """What of ``actions`` (``chunk``'s, from its action ``chunk.start`` on) may be published: clamped under
+        limits.policy clamp, or None: non-finite, beyond the limits under reject, too old, or withheld by the gate
+        (each counted with its reason)."""
         p, store = self.params, self._store
         present = present_ns = None
         if store is not None:  # the newest measured position of each action joint that is also a state joint
@@ -600,7 +637,7 @@ class OxygenNode(LifecycleNode):
             cols = [index.get(n, -1) for n in self._limiter.names]
             present = [positions[c] if c >= 0 else float("nan") for c in cols]
             present_ns = [arrivals[c] if c >= 0 else 0 for c in cols]
-        checked = self._limiter.check(chunk.actions, dt, chunk.stamp_ns, now_ns, present, present_ns)
+        checked = self._limiter.check(actions, dt, chunk.stamp_ns, now_ns, present, present_ns, chunk.start)
         for note in checked.notes:
             self.get_logger().warning(note)
         if checked.actions is None:
@@ -616,18 +653,22 @@ class OxygenNode(LifecycleNode):
         return checked.actions
 
     def _publish_actions(self, chunk: ChunkOutput) -> None:
-        """Publish the chunk's executable actions (called before any language work of the frame) once they passed
-        the limits, the age limit and the gate (:meth:`_admit`)."""
+        """Publish the chunk's executable actions from the first one not already committed (called before any
+        language work of the frame), once they passed the limits, the age limit and the gate (:meth:`_admit`)."""
+        self._action_path_s.append(time.perf_counter() - self._frame_began)
+        self._rtc_guided += chunk.guided
+        self._rtc_last_guided = chunk.guided
         p, names = self.params, self._loaded.action_names
-        dt = 1.0 / (p.action_rate_hz or chunk.actions.shape[0] * p.control_rate_hz)
-        now_ns = self.get_clock().now().nanoseconds
-        actions = self._admit(chunk, dt, now_ns)
+        dt = action_period_s(p, chunk.actions.shape[0])
+        actions = self._admit(chunk, chunk.published, dt, self.get_clock().now().nanoseconds)
         if actions is None:
+            self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
             return
         self._action_pub.publish(make_action_chunk(actions, chunk.stamp_ns, chunk.frame_index, names, dt,
-                                                   chunk.latency_s, subtask=chunk.subtask))
+                                                   chunk.latency_s, subtask=chunk.subtask, first_step=chunk.start))
         if self._trajectory_pub is not None:
-            trajectory = make_trajectory(actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds)
+            trajectory = make_trajectory(actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds,
+                                         chunk.start)
             if trajectory is None:
                 self.stats.dropped_outputs.add("trajectory_expired", "every point of the chunk's trajectory lies in "
                                                "the past (inference slower than the chunk)")
@@ -642,6 +683,12 @@ class OxygenNode(LifecycleNode):
         extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
         if p is not None and runner is not None:
             extra["graphs"] = runner.engine.graphs_backend  # what runs (auto resolved)
+        if p is not None and p.rtc_enabled and runner is not None:  # real-time chunking: what guided the chunks
+            age = runner.delays.age_s
+            extra["rtc_delay"] = f"{runner.delay} actions ({'fixed' if p.rtc_delay != 'auto' else 'auto'}; p90 age "
+            extra["rtc_delay"] += "n/a)" if age is None else f"{age * 1e3:.0f} ms)"
+            extra["rtc_guided_chunks"] = str(self._rtc_guided)
+            extra["rtc_last_chunk_guided"] = str(self._rtc_last_guided).lower()
         if p is not None and p.speculate and runner is not None:
             rate = runner.engine.acceptance_rate
             extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"

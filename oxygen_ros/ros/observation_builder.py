@@ -392,6 +392,7 @@ class ObservationBuilder:
         self.max_skew_ns = round(max_camera_skew_s * 1e9)  # < 0: no synchronisation (each camera's newest image)
         self._pool: ThreadPoolExecutor | None = None  # decodes a frame's images concurrently
         self.max_joint_age_ns = int(max_joint_age_s * 1e9)
+        self.last_stamp_ns = -1  # the newest observation stamp handed out: stamps strictly increase
 
     def _select_images(self, now_ns: int) -> list[CameraImage] | Skip:
         """One usable image per camera (fresh, not from the future, not known bad), synchronised; or why not."""
@@ -418,8 +419,9 @@ class ObservationBuilder:
             usable_per_camera.append(usable)
         if self.max_skew_ns < 0:
             return [max(u, key=lambda im: im.stamp_ns) for u in usable_per_camera]
-        match = best_match([[im.stamp_ns for im in u] for u in usable_per_camera])
-        assert match is not None  # every camera has a candidate
+        match = best_match([[im.stamp_ns for im in u] for u in usable_per_camera], self.last_stamp_ns)
+        if match is None:  # every camera has a candidate, but no set newer than the last frame's observation
+            return Skip("repeated_observation", "no camera image newer than the last frame's observation")
         if not match.within(self.max_skew_ns):
             newest = ", ".join(f"{n} {(now_ns - max(im.stamp_ns for im in u)) / 1e9:.3f} s"
                                for n, u in zip(names, usable_per_camera, strict=True))
@@ -469,6 +471,9 @@ class ObservationBuilder:
         chosen = self._select_images(now_ns)  # synchronised, not decoded yet
         if isinstance(chosen, Skip):
             return chosen
+        stamp = max(im.stamp_ns for im in chosen)
+        if stamp <= self.last_stamp_ns:  # each observation is acted on once: never a second chunk from it
+            return Skip("repeated_observation", "no camera image newer than the last frame's observation")
         if not seen.all():
             missing = [n for n, s in zip(self.store.joint_names, seen, strict=True) if not s]
             return Skip("no_state", f"no position yet for {', '.join(missing[:5])}")
@@ -496,5 +501,8 @@ class ObservationBuilder:
         except ValueError as e:
             return Skip("bad_input", str(e))
         newest = max(images, key=lambda im: im.stamp_ns)  # the observation stamp rule: newest camera stamp used
+        if newest.stamp_ns <= self.last_stamp_ns:  # a bad image was replaced by an older one
+            return Skip("repeated_observation", "no camera image newer than the last frame's observation")
+        self.last_stamp_ns = newest.stamp_ns
         return BuiltObservation(prepared, newest.stamp_ns, newest.received, instruction, positions,
                                 prepared.prompt_truncated, prepared.instruction_cut)

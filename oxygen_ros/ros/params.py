@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
+from oxygen_ros.engine.rtc import GUIDANCES as RTC_GUIDANCES
+from oxygen_ros.engine.rtc import SCHEDULES as RTC_SCHEDULES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 from oxygen_ros.policy.runner import TRIGGERS
 
@@ -276,6 +278,27 @@ class NodeParams:
         'Admission priority of a question among the stream requests due on the same frame (streams: their '
         '<name>.priority, 0 by default; ties: streams first); with k_auto its rows get spare decode steps first.',
         ros_name='ask.priority')
+    # --- real-time chunking (oxygen_ros/engine/rtc.py): each chunk continues the one the robot is executing
+    rtc_enabled: bool = param(False,
+        "Guide each chunk's denoise toward the remainder of the last published chunk (Black et al. 2025): the "
+        'actions that execute while it is computed are frozen to it, the next ones pulled toward it; the '
+        'published chunk starts at its first action not already committed.', ros_name='rtc.enabled')
+    rtc_guidance: str = param('identity',
+        "identity (LeRobot's: the correction is the weighted error, no backward pass) | vjp (the paper's: a "
+        'vector-Jacobian product through the action expert; several times the denoise cost).',
+        choices=RTC_GUIDANCES, ros_name='rtc.guidance')
+    rtc_schedule: str = param('',
+        "Prefix weights past the delay: zeros | ones | linear | exp; '' = the checkpoint's (LeRobot rtc_config), "
+        "else exp (the paper's).", choices=('', *RTC_SCHEDULES), ros_name='rtc.schedule')
+    rtc_max_guidance_weight: float = param(0.0,
+        "Clamp of the guidance weight (beta); 0 = the checkpoint's (LeRobot rtc_config), else 5 (the paper's).",
+        minimum=0.0, ros_name='rtc.max_guidance_weight')
+    rtc_execution_horizon: int = param(0,
+        "Where the guided region ends, in actions (capped at the remainder's length); 0 = the checkpoint's "
+        '(LeRobot rtc_config), else the whole remainder.', minimum=0, ros_name='rtc.execution_horizon')
+    rtc_delay: str = param('auto',
+        "The inference delay d in actions: auto (a p90 of the recent chunk ages, observation stamp -> chunk "
+        'ready, over 30 frames, rounded up) or a fixed N.', ros_name='rtc.delay')
     # --- safety (README "Safety"): the enable gate, output limits, faults
     start_enabled: bool = param(True,
         'Publish action chunks from activation on; false: none until ~/enable (std_srvs/SetBool) is called with '
@@ -372,6 +395,7 @@ def _stream_value(values: Mapping[str, Any], stream: str, field_name: str) -> An
 
 
 _MISSING = object()
+_INT_OR_AUTO = frozenset({"rtc.delay"})  # string parameters that also take a whole number
 
 
 def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[StreamParams, ...], list[str]]:
@@ -474,6 +498,8 @@ def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
             return float(value), None
         return None, f"{spec.name}: expected a number, {got}"
     if kind is str:
+        if spec.name in _INT_OR_AUTO and isinstance(value, int) and not isinstance(value, bool):
+            return str(value), None  # rtc.delay: 3 (YAML) or 'auto'
         return (value, None) if isinstance(value, str) else (None, f"{spec.name}: expected a string, {got}")
     item = str if kind == "str[]" else bool
     if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
@@ -541,6 +567,8 @@ def _cross_problems(p: Mapping[str, Any]) -> list[str]:
     if p["ask_max_new_tokens"] > p["max_new_tokens"]:
         problems.append(f"ask.max_new_tokens: {p['ask_max_new_tokens']} > max_new_tokens={p['max_new_tokens']} "
                         "(the KV pool is sized for max_new_tokens)")
+    if p["rtc_delay"] != "auto" and not p["rtc_delay"].isdigit():
+        problems.append(f"rtc.delay: auto or a whole number of actions >= 0; got {p['rtc_delay']!r}")
     deltas = [i for i, d in enumerate(p["delta_action_mask"]) if d]
     if deltas and max(deltas) >= len(p["joint_names"]):
         problems.append("delta_action_mask: delta dims need a matching state dim (joint_names is shorter)")

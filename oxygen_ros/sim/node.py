@@ -232,7 +232,8 @@ class TabletopSimNode(Node):
             self.counters.stale_chunks += 1  # planned for the previous episode, or nothing left to do
             return
         dt_ns = stamp_to_ns(msg.dt) or self.period_ns
-        self._queue = deque(aligned_actions(actions, horizon, dim, len(JOINT_NAMES), stamp, self._now_ns(), dt_ns))
+        start = stamp + int(msg.first_step) * dt_ns  # actions[0]'s step (the committed ones were not sent)
+        self._queue = deque(aligned_actions(actions, horizon, dim, len(JOINT_NAMES), start, self._now_ns(), dt_ns))
         self.counters.chunks += 1
         self._episode_chunks += 1
 

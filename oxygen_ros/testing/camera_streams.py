@@ -21,13 +21,14 @@ import numpy as np
 import rclpy
 from rclpy.context import Context
 from rclpy.node import Node
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
-from sensor_msgs.msg import CompressedImage, Image
+from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import CompressedImage, Image, JointState
+from std_msgs.msg import String
 
 from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.stamps import time_msg
 
-__all__ = ["CameraStreamer", "StreamSpec", "main", "make_frames", "parse_stream"]
+__all__ = ["CameraStreamer", "JointStreamer", "StreamSpec", "main", "make_frames", "parse_stream"]
 
 ENCODINGS = ("rgb8", "jpeg")
 
@@ -162,8 +163,47 @@ class CameraStreamer:
                 due[i] = time.monotonic()
 
 
+class JointStreamer:
+    """Publishes ``joint_states`` (slowly moving positions, stamped now) at ``rate_hz`` on ``node`` until
+    :meth:`stop`, and the ``instruction`` (latched) once, as a robot's drivers and task layer would."""
+
+    def __init__(self, node: Node, names: Sequence[str], rate_hz: float, instruction: str = "") -> None:
+        self.node, self.names = node, list(names)
+        self._pub = node.create_publisher(JointState, "joint_states", QoSProfile(depth=10))
+        if instruction:
+            latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                                 durability=DurabilityPolicy.TRANSIENT_LOCAL)
+            node.create_publisher(String, "instruction", latched).publish(String(data=instruction))
+        self.sent = 0
+        self._period = 1.0 / rate_hz
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="joint-streamer", daemon=True)
+
+    def start(self) -> JointStreamer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        due, clock = time.monotonic(), self.node.get_clock()
+        while not self._stop.wait(max(0.0, due - time.monotonic())):
+            now = clock.now().nanoseconds
+            msg = JointState(name=self.names, position=[0.1 * np.sin(now / 1e9 + i) for i in range(len(self.names))])
+            msg.header.stamp = time_msg(now)
+            try:
+                self._pub.publish(msg)
+            except Exception:  # the context is shutting down
+                break
+            self.sent += 1
+            due = max(due + self._period, time.monotonic() - 1.0)  # far behind: resynchronise, no burst
+
+
 def main(argv: Sequence[str] | None = None) -> None:
-    """Publish camera streams (``topic:WxH:rgb8|jpeg``) for ``--duration`` seconds, then print what was sent."""
+    """Publish camera streams (``topic:WxH:rgb8|jpeg``) for ``--duration`` seconds, then print what was sent;
+    with ``--joints``, also ``joint_states`` at ``--joint-rate`` (and ``--instruction``, latched)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("streams", nargs="+", help="topic[:WxH[:rgb8|jpeg]]")
     ap.add_argument("--rate", type=float, default=30.0)
@@ -171,17 +211,27 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--reliable", action="store_true", help="RELIABLE publishers (default BEST_EFFORT)")
     ap.add_argument("--wait", type=float, default=10.0,
                     help="seconds to wait for every topic's subscriber before publishing (0: start at once)")
+    ap.add_argument("--joints", default="", help="comma-separated joint names to publish on joint_states")
+    ap.add_argument("--joint-rate", type=float, default=50.0)
+    ap.add_argument("--instruction", default="", help="an instruction to publish (latched) on instruction")
     args = ap.parse_args(argv)
     streamer = CameraStreamer([parse_stream(s, args.rate) for s in args.streams], best_effort=not args.reliable)
+    joints = None
     try:
         end = time.monotonic() + args.wait
         while not streamer.subscribed() and time.monotonic() < end:  # discovery first: nothing is lost to it
             time.sleep(0.05)
+        if args.joints:
+            joints = JointStreamer(streamer.node, args.joints.split(","), args.joint_rate, args.instruction).start()
         streamer.start()
         print(f"streaming {len(streamer.specs)} camera(s) for {args.duration:g} s", flush=True)
         time.sleep(args.duration)
     finally:
+        if joints is not None:
+            joints.stop()
         streamer.close()
+    if joints is not None:
+        print(f"joint_states: {joints.sent} sent", flush=True)
     for spec, n, size in zip(streamer.specs, streamer.sent, streamer.bytes, strict=True):
         print(f"{spec.topic}: {n} sent ({spec.width}x{spec.height} {spec.encoding}, {size} bytes)", flush=True)
 

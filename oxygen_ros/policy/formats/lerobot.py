@@ -17,6 +17,8 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file
 
+from oxygen_ros.engine.rtc import RTCConfig
+
 from ..errors import PolicyConfigError
 from ..normalize import STATS_NEEDED
 from ..spec import FeatureNorm, PolicySpec
@@ -35,7 +37,7 @@ _PRE_STEPS = {"rename_observations_processor", "to_batch_processor", "relative_a
               "device_processor"}
 _POST_STEPS = {"unnormalizer_processor", "absolute_actions_processor", "device_processor"}
 # Fields whose non-default value changes inference in ways this package does not implement.
-_UNSUPPORTED = {"rtc_config": None, "use_peft": False, "n_obs_steps": 1}
+_UNSUPPORTED = {"use_peft": False, "n_obs_steps": 1}
 
 
 def _steps(path: Path, known: set[str]) -> dict[str, dict]:
@@ -232,11 +234,26 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
         state_in_prompt=True, clip_state=False, delta_mask=delta_mask, tokenizer=tokenizer,
         max_token_len=int(tok_cfg.get("max_length", cfg.get("tokenizer_max_length", 200))), time_schedule="exact",
         default_cameras=tuple(k.removeprefix(IMAGE_PREFIX) for k in cameras),
-        rename_map={str(k): str(v) for k, v in rename.items()},
+        rename_map={str(k): str(v) for k, v in rename.items()}, rtc=_rtc_config(cfg.get("rtc_config"), cfg_path),
         notes=(f"{cfg_path}: {len(cameras)} cameras + {empty} empty, chunk {chunk} / execute {n_exec}", tok_note))
     overrides = {"camera_names": tuple(slots), "action_horizon": chunk, "max_token_len": spec.max_token_len,
                  "num_steps": int(cfg.get("num_inference_steps", 10)), "time_schedule": "exact"}
     return spec, overrides
+
+
+def _rtc_config(raw: Any, cfg_path: Path) -> RTCConfig | None:
+    """LeRobot's ``RTCConfig`` (``predict_action_chunk`` guidance; J = identity, as LeRobot computes it)."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise PolicyConfigError(f"{cfg_path}: field 'rtc_config': expected an object or null, got {raw!r}")
+    try:
+        return RTCConfig(enabled=bool(raw.get("enabled", True)), guidance="identity",
+                         schedule=str(raw.get("prefix_attention_schedule", "LINEAR")).lower(),
+                         max_guidance_weight=float(raw.get("max_guidance_weight", 10.0)),
+                         execution_horizon=int(raw.get("execution_horizon", 10)))
+    except (TypeError, ValueError) as e:
+        raise PolicyConfigError(f"{cfg_path}: field 'rtc_config': {e}") from e
 
 
 def _relative_mask(action_dim: int, exclude: list[str], names: list[str] | None) -> list[bool]:

@@ -1,0 +1,176 @@
+"""Frame timing under robot-like input load: a preset's node as a process, two cameras at 30 Hz and joint states at
+50 Hz from another process, for minutes; how often the node misses its control deadline, skips a tick, or acts on
+an observation twice.
+
+    python -m oxygen_ros.bench.soak --config config/tabletop.yaml --duration 180 --out runs/soak_tabletop
+
+The node runs the preset unchanged (``instruction`` set, since no simulator publishes one). Counted over the
+measured window (after a warm-up), from the node's ``/diagnostics`` and its ``~/action_chunk`` messages:
+
+- deadline misses: frames that ended after their control tick's deadline (the next tick);
+- ``late_tick`` skips: ticks the node did not run because the previous frame left too little of the period;
+- repeated observations: chunks whose observation stamp is not newer than the previous chunk's (must be 0);
+- the chunks' rate, their inference latency (newest image's arrival -> chunk ready) and the gaps between them.
+
+Writes ``results.json``, ``summary.md`` and ``soak.png`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from oxygen_ros.testing.probe import Probe, header_ns
+from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
+
+from .report import save_figure, write_run
+
+__all__ = ["main", "run_soak"]
+
+INSTRUCTION = "put the red block on the blue plate"
+
+
+def _params(config: Path) -> dict[str, Any]:
+    import yaml
+
+    data = yaml.safe_load(config.read_text())
+    return next(iter(data.values()))["ros__parameters"]
+
+
+def _counts(diag: dict[str, str]) -> dict[str, float]:
+    out = {}
+    for key, value in diag.items():
+        try:
+            out[key] = float(value)
+        except ValueError:
+            continue
+    return out
+
+
+def _pct(values: list[float], q: float, scale: float = 1.0) -> float | None:
+    return float(np.percentile(values, q)) * scale if values else None
+
+
+def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str, camera_rate: float,
+             joint_rate: float, domain_id: int) -> dict[str, Any]:
+    """Run the node of ``config`` under the load for ``warmup_s + duration_s`` seconds; the measured window's
+    figures (see the module docstring)."""
+    params = _params(config)
+    cameras = list(zip(params["camera_names"], params["camera_topics"], strict=True))
+    joints = list(params["joint_names"])
+    node = NodeProcess(config, {"instruction": INSTRUCTION}, domain_id=domain_id)
+    load_cmd = [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
+                *[f"{topic}:{camera_size}:rgb8" for _, topic in cameras], "--rate", str(camera_rate),
+                "--duration", str(warmup_s + duration_s + 60), "--joints", ",".join(joints),
+                "--joint-rate", str(joint_rate)]
+    probe = Probe([], [], domain_id=domain_id, name="soak_probe")
+    load = None
+    try:
+        node.start()
+        load = subprocess.Popen(load_cmd, env=ros_env(domain_id), cwd=source_checkout(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        if not probe.wait_for(lambda: len(probe.chunks()) > 0, 240.0):
+            raise RuntimeError(f"the node published no chunk; its log:\n{node.output()[-3000:]}")
+        time.sleep(warmup_s)
+        t0, before = time.monotonic(), _counts(probe.diagnostics())
+        with tqdm(total=int(duration_s), desc="soak", unit="s") as bar:
+            while (elapsed := time.monotonic() - t0) < duration_s:
+                time.sleep(min(1.0, duration_s - elapsed))
+                bar.update(int(time.monotonic() - t0) - bar.n)
+        time.sleep(1.5)  # one more diagnostics report covers the window's end
+        after = _counts(probe.diagnostics())
+        chunks = probe.chunks(since=t0)
+    finally:
+        probe.close()
+        if load is not None:
+            load.terminate()
+            load.wait(timeout=10)
+        code = node.stop()
+    delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after
+             if k == "frames" or k == "deadline_misses" or k.startswith("skipped.")}
+    frames = int(delta.get("frames", 0))
+    stamps = [header_ns(c) for c in chunks]
+    repeated = sum(1 for a, b in zip(stamps, stamps[1:], strict=False) if b <= a)
+    latency = [c.inference_latency.sec + c.inference_latency.nanosec / 1e9 for c in chunks]
+    gaps = np.diff(np.array(stamps, dtype=np.float64)) / 1e9 if len(stamps) > 1 else np.zeros(0)
+    ticks = duration_s * float(params["control_rate_hz"])
+    late = int(delta.get("skipped.late_tick", 0))
+    return {
+        "config": str(config), "duration_s": duration_s, "warmup_s": warmup_s, "camera": camera_size,
+        "camera_rate_hz": camera_rate, "joint_rate_hz": joint_rate, "control_rate_hz": params["control_rate_hz"],
+        "node_exit_code": code, "frames": frames, "frame_rate_hz": frames / duration_s, "ticks": ticks,
+        "deadline_misses": int(delta.get("deadline_misses", 0)),
+        "deadline_miss_pct": 100.0 * delta.get("deadline_misses", 0) / max(frames, 1),
+        "late_ticks": late, "late_tick_pct": 100.0 * late / ticks,
+        "skipped": {k.removeprefix("skipped."): int(v) for k, v in delta.items() if k.startswith("skipped.") and v},
+        "chunks": len(chunks), "repeated_observations": repeated,
+        "latency_ms": {"p50": _pct(latency, 50, 1e3), "p99": _pct(latency, 99, 1e3)},
+        "chunk_gap_ms": {"p50": _pct(list(gaps), 50, 1e3), "p99": _pct(list(gaps), 99, 1e3),
+                         "max": float(gaps.max() * 1e3) if gaps.size else None},
+        "series": {"t_s": [round(float(s - stamps[0]) / 1e9, 3) for s in stamps] if stamps else [],
+                   "latency_ms": [round(v * 1e3, 2) for v in latency]},
+    }
+
+
+def _table(r: dict[str, Any]) -> str:
+    skipped = ", ".join(f"{k} {v}" for k, v in sorted(r["skipped"].items())) or "none"
+    return "\n".join([
+        "| config | window | frames (rate) | deadline misses | late ticks | repeated observations | latency p50 / p99 "
+        "| chunk gap p50 / p99 / max |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| `{Path(r['config']).name}` | {r['duration_s']:.0f} s | {r['frames']} ({r['frame_rate_hz']:.2f} Hz) | "
+        f"{r['deadline_misses']} ({r['deadline_miss_pct']:.2f}%) | {r['late_ticks']} ({r['late_tick_pct']:.2f}%) "
+        f"| {r['repeated_observations']} | {r['latency_ms']['p50']:.1f} / {r['latency_ms']['p99']:.1f} ms | "
+        f"{r['chunk_gap_ms']['p50']:.0f} / {r['chunk_gap_ms']['p99']:.0f} / {r['chunk_gap_ms']['max']:.0f} ms |",
+        "",
+        f"Load: 2 cameras {r['camera']} rgb8 at {r['camera_rate_hz']:g} Hz and joint_states at "
+        f"{r['joint_rate_hz']:g} Hz from another process. Skipped ticks by reason: {skipped}.",
+    ])
+
+
+def _plot(r: dict[str, Any], path: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    t, lat = r["series"]["t_s"], r["series"]["latency_ms"]
+    a.plot(t, lat, ".", ms=2)
+    a.set(xlabel="observation time (s)", ylabel="chunk latency (ms)", title="inference latency per chunk")
+    gaps = np.diff(np.array(t)) * 1e3 if len(t) > 1 else []
+    b.hist(gaps, bins=60)
+    period = 1e3 / float(r["control_rate_hz"])
+    b.axvline(period, color="k", ls="--", lw=1, label=f"control period {period:.0f} ms")
+    b.set(xlabel="gap between consecutive chunks' observations (ms)", ylabel="chunks", yscale="log",
+          title=f"{r['deadline_miss_pct']:.2f}% misses, {r['repeated_observations']} repeated observations")
+    b.legend()
+    save_figure(fig, path)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    root = source_checkout() or Path.cwd()
+    ap.add_argument("--config", type=Path, default=root / "config" / "tabletop.yaml")
+    ap.add_argument("--duration", type=float, default=180.0, help="measured seconds")
+    ap.add_argument("--warmup", type=float, default=10.0, help="seconds after the first chunk before measuring")
+    ap.add_argument("--camera-size", default="640x480")
+    ap.add_argument("--camera-rate", type=float, default=30.0)
+    ap.add_argument("--joint-rate", type=float, default=50.0)
+    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
+    ap.add_argument("--out", type=Path, default=Path("runs/soak_tabletop"))
+    args = ap.parse_args(argv)
+    result = run_soak(args.config, args.duration, args.warmup, args.camera_size, args.camera_rate, args.joint_rate,
+                      args.domain_id)
+    if not result["chunks"]:
+        raise SystemExit(f"no chunk in the measured window: {result}")
+    write_run(args.out, result, _table(result), _plot, "soak.png")
+
+
+if __name__ == "__main__":
+    main()
