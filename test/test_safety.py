@@ -119,6 +119,8 @@ def test_the_first_action_ahead_is_bounded_by_the_present_position() -> None:
     np.testing.assert_allclose(out.actions[3:, 1], [4.8, 4.6, 4.4], atol=1e-5)
     np.testing.assert_array_equal(out.actions[:3, 1], 0.0), "actions already due are not dragged along"
     assert out.clamped == ["b"]
+    shifted = limiter().check(actions[3:], DT, STAMP, now, present, present_ns, first_step=3)  # rows from action 3
+    np.testing.assert_allclose(shifted.actions[:, 1], [4.8, 4.6, 4.4], atol=1e-5)
     rejected = limiter("reject").check(actions, DT, STAMP, now, present, present_ns)
     assert rejected.actions is None and rejected.reason == "jump_from_present" and "b" in rejected.detail
     far_past = limiter("reject").check(actions, DT, STAMP, STAMP + SEC, present, present_ns)

@@ -16,6 +16,9 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller), stamped
                             with the observation time, points already in the past dropped
   out  /diagnostics         diagnostic_msgs/DiagnosticArray, 1 Hz
+  srv  ~/enable             std_srvs/SetBool: publish chunks or not (start_enabled); see action_guard.py
+  in   ~/halt               std_msgs/Bool: no chunk while true (transient-local and volatile subscriptions)
+  in   robot_description    std_msgs/String, transient local: the URDF whose joint limits bound the actions
   act  ~/ask                oxygen_ros/action/Ask (ask.enabled): a question answered from the current observation,
                             decoded with the language streams (feedback every frame; the answer also on
                             ~/language_output, stream ask); see ask_server.py
@@ -56,19 +59,17 @@ from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
-from rclpy.service import Service
 from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import Bool, String
-from std_srvs.srv import SetBool
+from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
+from .action_guard import ActionGuard, limit_parameters
 from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
 from .fault_injection import install_from_env
-from .limits import ActionLimiter, UrdfError, urdf_limits
 from .model_loader import (
     LoadedPolicy,
     action_period_s,
@@ -78,17 +79,9 @@ from .model_loader import (
     warm_up,
 )
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
-from .params import (
-    PARAMS,
-    RESERVED_STREAM_NAMES,
-    STREAM_NAME_RE,
-    STREAM_PARAMS,
-    NodeParams,
-    joint_limit_names,
-    validate,
-)
+from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
-from .safety import ActionGate, FaultCounter, FrameWatchdog, NewestPerPublisher
+from .safety import FaultCounter
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
 
@@ -97,8 +90,6 @@ ACTION_TOPIC = "~/action_chunk"
 LANGUAGE_TOPIC = "~/language_output"
 TRAJECTORY_TOPIC = "~/trajectory"
 DIAGNOSTICS_TOPIC = "/diagnostics"
-ENABLE_SERVICE = "~/enable"
-HALT_TOPIC = "~/halt"
 # Overrides that rclpy or rcl handle themselves: not reported as unknown parameters.
 _BUILTIN_PARAMS = ("use_sim_time", "start_type_description_service")
 SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
@@ -163,10 +154,7 @@ class OxygenNode(LifecycleNode):
         self._frame_began = 0.0  # time.perf_counter() when the running frame began building its observation
         self._rtc_guided = 0  # chunks real-time chunking guided
         self._rtc_last_guided = False
-        self._limiter: ActionLimiter | None = None
-        self._gate: ActionGate | None = None
-        self._watchdog: FrameWatchdog | None = None
-        self._safety_handles: list = []  # ~/enable, ~/halt and robot_description subscriptions
+        self._guard: ActionGuard | None = None  # limits, ~/enable, ~/halt, the watchdog (README "Safety")
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -199,7 +187,7 @@ class OxygenNode(LifecycleNode):
     def _configure(self) -> None:
         values = {spec.name: self.get_parameter(spec.name).value for spec in PARAMS}
         values.update(self._stream_parameters(values["language_streams"]))
-        values.update(self._limit_parameters())
+        values.update(limit_parameters(self))
         unknown = sorted(set(getattr(self, "_parameter_overrides", {})) - set(values) - set(_BUILTIN_PARAMS))
         unknown = [u for u in unknown if not u.startswith("qos_overrides.")]
         if unknown:
@@ -227,7 +215,10 @@ class OxygenNode(LifecycleNode):
         if p.ask_enabled:  # goals are accepted while active
             self._ask = AskServer(self, self._runner, p, lambda: self._state == "active",
                                   self.stats.rejected_inputs.add)
-        self._start_safety(p)
+        self._guard = ActionGuard(self, p, loaded.action_names, self.stats)
+        self._faults.reset(p.max_consecutive_faults)
+        self._fault_pending = False
+        install_from_env(self._runner, loaded.policy.model, self.get_logger().warning)  # tests only (unset: no-op)
 
     def _stream_parameters(self, streams: Any) -> dict[str, Any]:
         """Declare (once) and read the ``<stream>.<field>`` parameters of the listed language streams (the
@@ -245,106 +236,12 @@ class OxygenNode(LifecycleNode):
                 values[name] = self.get_parameter(name).value
         return values
 
-    # ------------------------------------------------------------------------------------------ safety
-    def _limit_parameters(self) -> dict[str, Any]:
-        """Declare (once) and read the ``limits.<joint>.<field>`` parameters given as overrides (which joints have
-        them is the user's choice, as with the language streams); names and values are checked by validate."""
-        values: dict[str, Any] = {}
-        for name in joint_limit_names(getattr(self, "_parameter_overrides", {})):
-            if not self.has_parameter(name):
-                self.declare_parameter(name, None, ParameterDescriptor(
-                    description="joint limit override (limits.<joint>.min / .max / .max_velocity)",
-                    additional_constraints="type: float", dynamic_typing=True))
-            values[name] = self.get_parameter(name).value
-        return values
-
-    def _start_safety(self, p: NodeParams) -> None:
-        """The limiter, the enable gate (``start_enabled``), the watchdog, and their ROS interfaces: ``~/enable``,
-        ``~/halt`` and the robot description (created at configure, so a latched halt or URDF is known before
-        the first chunk)."""
-        names = self._loaded.action_names
-        unknown = sorted(set(p.joint_limits) - set(names))
-        if unknown:
-            raise ValueError(f"limits.{unknown[0]}.*: {unknown} not among the action names {list(names)} "
-                             "(action_names, else joint_names)")
-        self._limiter = ActionLimiter(names, p.limits_policy, p.joint_limits, p.limits_required)
-        self._gate = ActionGate(p.start_enabled, self.get_clock().now().nanoseconds)
-        self._watchdog = FrameWatchdog(p.watchdog_limit_s)
-        self._faults.reset(p.max_consecutive_faults)
-        self._fault_pending = False
-        install_from_env(self._runner, self._loaded.policy.model, self.get_logger().warning)  # tests only
-        group = MutuallyExclusiveCallbackGroup()
-        self._safety_handles.append(self.create_service(SetBool, ENABLE_SERVICE, self._on_enable,
-                                                        callback_group=group))
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
-        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)  # volatile publishers: expected
-        newest = NewestPerPublisher()  # a latched halt arrives on both subscriptions
-
-        def on_halt(msg: Bool, info: dict) -> None:  # rclpy passes the message info to a two-argument callback
-            gate = self._gate
-            try:
-                changed = newest.is_new(info) and gate is not None and \
-                    gate.set_halted(bool(msg.data), self.get_clock().now().nanoseconds)
-            except Exception as e:  # never kill the executor
-                self.stats.errors.add("halt_callback", f"{type(e).__name__}: {e}")
-                return
-            if changed and msg.data:
-                self.get_logger().warning("halt: no action chunk is published until ~/halt is false")
-            elif changed:
-                self.get_logger().info("halt released: chunks observed from now on are published")
-
-        self._safety_handles += [
-            self.create_subscription(Bool, HALT_TOPIC, on_halt, latched, callback_group=group, event_callbacks=quiet),
-            self.create_subscription(Bool, HALT_TOPIC, on_halt, volatile, callback_group=group)]
-        if p.limits_robot_description:
-            self._safety_handles.append(self.create_subscription(
-                String, p.limits_robot_description, self._safe(self._on_robot_description, "robot_description"),
-                latched, callback_group=group))
-        if not p.start_enabled:
-            self.get_logger().info(f"start_enabled is false: no action chunk is published until "
-                                   f"{self.resolve_service_name(ENABLE_SERVICE)} is called with true")
-
-    def _on_enable(self, request: SetBool.Request, response: SetBool.Response) -> SetBool.Response:
-        gate = self._gate
-        if gate is None:
-            response.success, response.message = False, "not configured"
-            return response
-        changed = gate.set_enabled(request.data, self.get_clock().now().nanoseconds)
-        why = gate.why_closed()
-        response.success = True
-        response.message = ("enabled" if request.data else "disabled") + ("" if changed else " (already)") + \
-            ("" if why is None or not request.data else f"; still no chunk: {why}")
-        if changed:
-            self.get_logger().info(f"~/enable: {response.message}")
-        return response
-
-    def _on_robot_description(self, msg: String) -> None:
-        limiter = self._limiter
-        if limiter is None:
-            return
-        try:
-            robot, limits, notes = urdf_limits(msg.data)
-        except UrdfError as e:  # the previous limits stay
-            self.stats.rejected_inputs.add("robot_description_invalid", str(e))
-            return
-        uncovered = limiter.set_urdf(limits, robot)
-        covered = len(limiter.names) - len(uncovered)
-        self.get_logger().info(f"robot_description: URDF {robot!r}, limits for {covered} of {len(limiter.names)} "
-                               f"action joints" + (f"; none for {uncovered}" if uncovered else "")
-                               + (f" ({'; '.join(notes)})" if notes else ""))
-
     def _supervise(self) -> None:
         """Steady-clock timer: report a frame that exceeds the watchdog, and start the error processing after
         max_consecutive_faults failing frames (from the executor: the inference thread cannot stop itself)."""
-        watchdog = self._watchdog
-        running = watchdog.check() if watchdog is not None else None
-        if running is not None:
-            self.stats.warnings.add("watchdog", f"the frame has run {running:.2f} s > watchdog_s="
-                                    f"{watchdog.limit_s:g}; its chunk is not published once older than "
-                                    f"max_chunk_age_s={self.params.chunk_age_limit_s:g} s")
-            self.get_logger().error(f"watchdog: a frame has run {running:.2f} s (watchdog_s={watchdog.limit_s:g})")
+        guard = self._guard
+        if guard is not None:
+            guard.check_watchdog()
         if self._fault_pending and self._state == "active":
             self._fault_pending = False
             self.get_logger().error(f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
@@ -504,8 +401,8 @@ class OxygenNode(LifecycleNode):
             for pub in (self._action_pub, self._language_pub, self._trajectory_pub, *self._stream_pubs.values()):
                 if pub is not None:
                     self.destroy_lifecycle_publisher(pub)
-            for handle in self._safety_handles:
-                (self.destroy_service if isinstance(handle, Service) else self.destroy_subscription)(handle)
+            if self._guard is not None:
+                self._guard.destroy()
             if self._ask is not None:
                 self._ask.destroy()
             if self._runner is not None:
@@ -523,8 +420,8 @@ class OxygenNode(LifecycleNode):
         """Release everything (for shutdown paths outside the lifecycle, e.g. SIGINT), waiting at most
         ``timeout_s`` for the running frame, and not at all when the watchdog reports it past watchdog_s. False:
         that frame still runs (hung) and keeps the model; the process can exit without it."""
-        watchdog = self._watchdog
-        return self._release(0.0 if watchdog is not None and watchdog.tripped else timeout_s)
+        guard = self._guard
+        return self._release(0.0 if guard is not None and guard.watchdog.tripped else timeout_s)
 
     def destroy_node(self) -> None:
         """Release the model (and a generated model's temporary directory), then destroy the node."""
@@ -586,13 +483,13 @@ class OxygenNode(LifecycleNode):
                                            "the model's prompt beside the state; the instruction is cut to fit")
         if self._faults.tripped:
             return  # max_consecutive_faults reached: the error processing is on its way
-        self._watchdog.begin()
+        self._guard.frame_began()
         try:
             out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
                                     instruction=built.instruction, on_chunk=self._publish_actions,
                                     clock_ns=lambda: self.get_clock().now().nanoseconds, deadline=deadline)
         except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
-            self._frame_ended()
+            self._guard.frame_ended()
             if not self.context.ok():
                 return  # shutting down
             self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
@@ -602,7 +499,7 @@ class OxygenNode(LifecycleNode):
             self._runner.reset()
             self._fault_pending |= self._faults.failure(e)  # the supervisor starts the error processing
             return
-        self._frame_ended()
+        self._guard.frame_ended()
         self._faults.success()
         result = out.result
         overrun = None if deadline is None else time.perf_counter() - deadline
@@ -620,47 +517,15 @@ class OxygenNode(LifecycleNode):
         if self._ask is not None:
             self._ask.on_frame(result)
 
-    def _frame_ended(self) -> None:
-        took = self._watchdog.end()
-        if took is not None:
-            self.get_logger().warning(f"watchdog: the frame that exceeded watchdog_s ended after {took:.2f} s")
-
-    def _admit(self, chunk: ChunkOutput, actions: Any, dt: float, now_ns: int) -> Any:
-        """What of ``actions`` (``chunk``'s, from its action ``chunk.start`` on) may be published: clamped under
-        limits.policy clamp, or None: non-finite, beyond the limits under reject, too old, or withheld by the gate
-        (each counted with its reason)."""
-        p, store = self.params, self._store
-        present = present_ns = None
-        if store is not None:  # the newest measured position of each action joint that is also a state joint
-            positions, arrivals = store.present_joints()
-            index = {n: i for i, n in enumerate(store.joint_names)}
-            cols = [index.get(n, -1) for n in self._limiter.names]
-            present = [positions[c] if c >= 0 else float("nan") for c in cols]
-            present_ns = [arrivals[c] if c >= 0 else 0 for c in cols]
-        checked = self._limiter.check(actions, dt, chunk.stamp_ns, now_ns, present, present_ns, chunk.start)
-        for note in checked.notes:
-            self.get_logger().warning(note)
-        if checked.actions is None:
-            self.stats.dropped_outputs.add(checked.reason, checked.detail)
-            return None
-        age_s = (now_ns - chunk.stamp_ns) / 1e9
-        if age_s > p.chunk_age_limit_s:
-            self.stats.dropped_outputs.add("chunk_too_old", f"frame {chunk.frame_index}: observation {age_s:.2f} s "
-                                           f"old > max_chunk_age_s={p.chunk_age_limit_s:g}")
-            return None
-        if self._gate.why_closed(chunk.stamp_ns) is not None:
-            return None  # disabled or halted (counted by the gate, reported in /diagnostics)
-        return checked.actions
-
     def _publish_actions(self, chunk: ChunkOutput) -> None:
         """Publish the chunk's executable actions from the first one not already committed (called before any
-        language work of the frame), once they passed the limits, the age limit and the gate (:meth:`_admit`)."""
+        language work of the frame), once they passed the limits, the age limit and the gate (ActionGuard)."""
         self._action_path_s.append(time.perf_counter() - self._frame_began)
         self._rtc_guided += chunk.guided
         self._rtc_last_guided = chunk.guided
         p, names = self.params, self._loaded.action_names
         dt = action_period_s(p, chunk.actions.shape[0])
-        actions = self._admit(chunk, chunk.published, dt, self.get_clock().now().nanoseconds)
+        actions = self._guard.admit(chunk, chunk.published, dt, self.get_clock().now().nanoseconds, self._store)
         if actions is None:
             self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
             return
@@ -705,9 +570,9 @@ class OxygenNode(LifecycleNode):
             publishers = [self.count_publishers(topic) for topic in watch.topics]
             values, warnings = watch.report(store.camera_status(), publishers, self.get_clock().now().nanoseconds)
             extra.update(values)
-        for part in (self._gate, self._limiter, self._watchdog, self._faults):
-            if part is not None:
-                extra.update(part.diagnostics())
+        if self._guard is not None:
+            extra.update(self._guard.diagnostics())
+        extra.update(self._faults.diagnostics())
         hardware = str(loaded.policy.model.device) if loaded is not None else "none"
         status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
                                    runner.backlog if runner is not None else 0, horizon, extra, warnings)
@@ -718,24 +583,15 @@ class OxygenNode(LifecycleNode):
         self._diag_pub.publish(msg)
 
     def _safety_status(self, status: DiagnosticStatus) -> None:
-        """What the safety parts say overrides the level and message: ERROR after the fault limit sent the node
-        through ErrorProcessing (until configured again) and while a frame is past the watchdog; why no chunk is
-        published while the gate is closed (WARN when halted)."""
-        gate, watchdog = self._gate, self._watchdog
+        """ERROR after max_consecutive_faults sent the node through ErrorProcessing (until configured again);
+        else what the guard says (a frame past the watchdog, why no chunk is published)."""
         if self._faults.tripped:
             status.level = DiagnosticStatus.ERROR
             status.message = (f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
                               f"{self._faults.limit}): {self._faults.last}; released after error processing, "
                               "configure to start again")
-        elif watchdog is not None and watchdog.tripped:
-            status.level = DiagnosticStatus.ERROR
-            status.message = (f"watchdog: a frame has run {watchdog.running_s():.1f} s (watchdog_s="
-                              f"{watchdog.limit_s:g}); no chunk is published")
-        elif gate is not None and self._state == "active" and (why := gate.why_closed()) is not None:
-            if why == "halted":
-                status.level = max(status.level, DiagnosticStatus.WARN)
-            status.message = f"{status.message}; no chunk published: " + \
-                ("halted (~/halt is true)" if why == "halted" else "disabled (~/enable)")
+        elif self._guard is not None:
+            self._guard.annotate(status, self._state == "active")
 
     def _safe(self, fn: Callable[..., Any], what: str | None = None) -> Callable[..., None]:
         """Wrap a callback so an unexpected exception is counted and logged instead of killing the executor."""
