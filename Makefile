@@ -25,9 +25,10 @@ $(BIN)/python:
 # The share copies of launch/ and config/ that `pip install -e .` makes are replaced by symlinks to the repository's
 # directories (tools/build_msgs.sh), so the launch file that runs is the edited one; the links are removed first so
 # that pip never writes through them.
-$(STAMP): $(BIN)/python requirements.txt constraints.txt setup.py setup.cfg Makefile \
+$(STAMP): $(BIN)/python requirements.txt requirements-nodeps.txt constraints.txt setup.py setup.cfg Makefile \
 		CMakeLists.txt package.xml tools/build_msgs.sh tools/wheel_include_fix.cmake $(wildcard msg/*.msg action/*.action)
 	$(BIN)/pip install -q -r requirements.txt -c constraints.txt
+	$(BIN)/pip install -q --no-deps -r requirements-nodeps.txt
 	for d in launch config; do if [ -L $(SHARE)/$$d ]; then rm $(SHARE)/$$d; fi; done
 	$(BIN)/pip install -q --no-deps --no-build-isolation -e .
 	bash tools/build_msgs.sh $(VENV)

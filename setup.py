@@ -26,7 +26,8 @@ setup(
                                                                     "norm_stats.json", "tokenizer.model",
                                                                     "README.md")]},
     install_requires=["torch>=2.5", "numpy", "safetensors", "sentencepiece", "transformers", "tqdm"],
-    extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml", "urdf-parser-py"]},
+    extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml", "urdf-parser-py"],
+                    "ray": ["ray>=2.40"]},  # fleet evaluation on a Ray cluster (oxygen-evaluate-bag over many bags)
     zip_safe=False,
     maintainer="oxygen_ros developers",
     maintainer_email="oxygen-ros@example.org",
@@ -46,6 +47,7 @@ setup(
             "oxygen-sim = oxygen_ros.sim.node:main",
             "oxygen-launch = oxygen_ros.tools.launch_file:main",
             "oxygen-ask = oxygen_ros.tools.ask:main",
+            "oxygen-serve = oxygen_ros.tools.serve:main",
             "oxygen-demo = oxygen_ros.demo.run:main",
             "oxygen-train-toy = oxygen_ros.train.train:main",
             "oxygen-evaluate-toy = oxygen_ros.train.evaluate:main",

@@ -32,6 +32,7 @@ def test_the_layers_hold() -> None:
     ("engine/_probe.py", "import oxygen_ros.policy\n", "engine imports nothing else of the package"),
     ("policy/_probe.py", "from oxygen_ros.ros import params\n", "policy imports only the engine"),
     ("world/_probe.py", "import oxygen_ros.engine\n", "the world is plain numpy"),
+    ("serve/_probe.py", "from oxygen_ros.ros import params\n", "serve (the openpi-protocol server) imports only"),
     ("bench/_probe.py", "import oxygen_ros.tools.profile\n", "nothing imports tools/"),
     ("engine/_probe.py", "import oxygen_ros.bench\n", "no import cycles between sibling modules"),
 ])

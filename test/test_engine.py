@@ -243,6 +243,26 @@ def test_auto_budget_fits_the_deadline() -> None:
         BudgetController(0)
 
 
+def test_auto_budget_plans_for_slow_steps_and_the_ticks_deadline() -> None:
+    """k = auto budgets with a high percentile of the recent step times (one slow step in ten does not count, two
+    do), and to the frame's own deadline when it has one (a frame that started late decodes less)."""
+    import time
+
+    b = BudgetController("auto", deadline_s=0.100)
+    for _ in range(9):
+        b.observe(2, 0.010)
+    b.observe(2, 0.040)
+    assert b.step_cost(2) == 0.010
+    b.observe(2, 0.040)
+    assert b.step_cost(2) == 0.040, "the p90 follows the slow steps, not the mean"
+    assert b.budget(0.0, 2, 50) == 2  # 100 ms * 0.85 / 40 ms
+    assert b.budget(0.0, 2, 50, deadline=time.perf_counter() + 0.2) == 4  # 200 ms left to the tick's deadline
+    assert b.budget(0.0, 2, 50, deadline=time.perf_counter() - 0.01) == 1  # past the deadline: k_min
+    for _ in range(40):
+        b.observe(2, 0.010)
+    assert b.step_cost(2) == 0.010, "a window of recent steps: old slow ones age out"
+
+
 def test_every_mode_is_deterministic_and_leaves_its_config_alone(model) -> None:
     wl = [[LanguageRequest("memory", 5), LanguageRequest("narration", 3, [17])]] * 3 + [[]] * 3
     fl = frames(model.config, wl, seed=20)

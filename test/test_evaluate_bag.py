@@ -253,11 +253,12 @@ def test_bad_messages_are_counted_and_ignored(data: dict[str, Path]) -> None:
                 w.write(conns[cam], stamp_ns, ts.serialize_cdr(img, Image.__msgtype__))
     r = evaluate_bag(bag, data["root"] / "bad_inputs_eval", params(data), plots=False, progress=False)
     assert r["rejected_inputs"] == {"image_bad_data": 2, "state_not_finite": 1}
-    assert r["frames"] == 3 and r["skip_reasons"] == {"invalid_state": 1}
+    assert r["frames"] == 2 and r["skip_reasons"] == {"invalid_state": 1, "camera_skew": 1}
     assert r["config"]["joint_names"] == [f"j{k}" for k in range(8)]  # not given: the bag's first JointState
-    # frames 1 and 2 have only the wrist image of t0: synchronised (max_camera_skew_s), they pair it with the base
-    # image of t0 from the base camera's buffer, so stamp = newest stamp of the chosen set = t0
-    assert [f["stamp_ns"] for f in r["per_frame"]] == [t0, t0, t0]
+    # ticks 1 and 2 have only the wrist image of t0: the observation must be newer than the last one (t0), so tick 1
+    # pairs it with the base image of t0 + 0.1 s (within max_camera_skew_s; stamp = the set's newest) and tick 2
+    # finds no new set within the skew (t0 + 0.2 s with t0): never a second chunk from one observation
+    assert [f["stamp_ns"] for f in r["per_frame"]] == [t0, t0 + 100_000_000]
     r = evaluate_bag(bag, data["root"] / "bad_inputs_eval_unsynced", params(data, max_camera_skew_s=-1.0),
                      plots=False, progress=False)
     # without synchronisation each camera's newest image: stamp = the newer base image's

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from torch import nn
@@ -22,8 +22,8 @@ from .lora import LoraAdapter
 from .model import Pi05Model, Prefix
 from .model_runner import ModelRunner
 from .modes import ENGINE_MODES, UNBOUNDED, EngineConfig, ModeSpec
-from .observation import Observation
-from .requests import ActionCallback, FinishedRequest, Frame, FrameResult, LanguageRequest
+from .observation import Observation, stack_observations
+from .requests import ActionCallback, BatchActionCallback, FinishedRequest, Frame, FrameResult, LanguageRequest
 from .rtc import RTCPrefix
 from .scheduler import BudgetController, RequestState, Scheduler, SlotAllocator
 from .speculative import DraftSource, LastOutputDrafts, acceptance_rate
@@ -32,8 +32,8 @@ from .timing import Stopwatch
 MODES = ENGINE_MODES  # the old name
 
 
-__all__ = ["MODES", "UNBOUNDED", "ActionCallback", "Engine", "EngineConfig", "FinishedRequest", "Frame", "FrameResult",
-           "LanguageRequest", "ParallelEngine", "build_engine"]
+__all__ = ["MODES", "UNBOUNDED", "ActionCallback", "BatchActionCallback", "Engine", "EngineConfig", "FinishedRequest",
+           "Frame", "FrameResult", "LanguageRequest", "ParallelEngine", "build_engine"]
 
 
 @dataclass
@@ -158,6 +158,47 @@ class Engine:
         if on_actions is not None:
             on_actions(self.frame_index, run.result.actions)
         self._serve(frame.requests, obs, prefix, slot, run)
+        return self._finish(run)
+
+    def step_batch(self, frames: Sequence[Frame], on_actions: BatchActionCallback | None = None) -> FrameResult:
+        """Run B observations (several robots, say) as one frame: one prefill and one denoise loop over all of them,
+        batched; ``on_actions(i, chunks)`` for each observation as soon as the batch is denoised; then every
+        frame's language requests are admitted, each from its own observation's prefix (copied into a pool slot),
+        and decoded with everything in flight as in :meth:`step`. ``result.batch_actions[i]`` holds observation
+        i's chunks; ``frame_index`` advances by one. Each observation's chunk equals running it alone (up to
+        floating-point summation order).
+
+        Raises:
+            ValueError: no frames, or a request names an adapter the engine was not built with (nothing runs).
+        """
+        if not frames:
+            raise ValueError("step_batch needs at least one frame")
+        unknown = {r.adapter for f in frames for r in f.requests if r.adapter and r.adapter not in self.runner.adapters}
+        if unknown:
+            raise ValueError(f"unknown adapter(s) {sorted(unknown)}; the engine has {sorted(self.runner.adapters)}")
+        sw, t0 = Stopwatch(self.runner.device), time.perf_counter()
+        observations = [self.runner.prepare(f.observation) for f in frames]
+        run = self._begin(frames[0], sw, t0)
+        with sw("prefill"):
+            prefix = self.runner.prefill_batch(stack_observations(observations))
+        with sw("denoise"):
+            run.result.batch_actions = self.runner.denoise_batch(prefix, [f.noise for f in frames])
+        if on_actions is not None:
+            for i, chunks in enumerate(run.result.batch_actions):
+                on_actions(i, chunks)
+        for i, frame in enumerate(frames):
+            if not frame.requests:
+                continue
+            self.scheduler.restamp(frame.stamp)
+            with sw("manager"):
+                slot = self.scheduler.alloc()
+                own = self.runner.adopt(prefix, i, slot)
+            if self.spec.batched:
+                self._admit(frame.requests, own, slot, run)
+            else:
+                self._serve(frame.requests, observations[i], own, slot, run)
+        if self.spec.batched:
+            self._decode(run)  # one loop: every client's requests advance together
         return self._finish(run)
 
     def step_language(self, frame: Frame) -> FrameResult:

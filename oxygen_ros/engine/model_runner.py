@@ -64,6 +64,7 @@ class ModelRunner:
         self._device = model.device
         self._host_inputs = torch.zeros(3, num_slots, dtype=torch.long, pin_memory=self._device.type == "cuda")
         self._host_rows = self._host_inputs.numpy()
+        self._batch_cache: KVCache | None = None  # prefixes of a batched action frame (step_batch), grown on demand
 
     @property
     def device(self) -> torch.device:
@@ -112,6 +113,43 @@ class ModelRunner:
             return self.graphs.denoise(prefix, noises, guide)
         return [self.model.denoise(prefix, self.cache, n, self.num_steps, head, guide if i == 0 else None)[0]
                 for i, (head, n) in enumerate(zip(self.heads, noises, strict=True))]
+
+    # ------------------------------------------------------------------------------------------ batched actions
+    def prefill_batch(self, obs: Observation) -> Prefix:
+        """Prefill B observations together into rows [0, B) of the batch cache (its own K/V, not the pool's).
+
+        Each row's prefix ends at the batch's longest (padded) length; a row's padded positions stay invalid."""
+        b = obs.batch_size
+        cache = self._batch_cache
+        if cache is None or cache.num_slots < b:
+            size = max(b, 2 * cache.num_slots if cache is not None else b)
+            self._batch_cache = cache = KVCache(self.model.config, size, self.cache.max_len, dtype=self.model.dtype,
+                                                device=self.device)
+        return self.model.prefill(obs, cache, slice(0, b))
+
+    def denoise_batch(self, prefix: Prefix, noises: list[torch.Tensor | list[torch.Tensor] | tuple | None]
+                      ) -> list[list[torch.Tensor]]:
+        """Every head denoises all B rows of a :meth:`prefill_batch` prefix in one loop; ``noises[i]`` is row i's
+        noise ([1, H, A], one per head, or None: drawn). Returns, per row, one [H, A] chunk per head."""
+        b = prefix.num_valid.shape[0]
+        per_head = []
+        for j, head in enumerate(self.heads):
+            shape = (1, head.horizon, head.action_in_proj.in_features)
+            rows = [n[j] if isinstance(n, list | tuple) else n for n in noises]
+            rows = [torch.randn(shape) if n is None else n.reshape(shape).float().cpu() for n in rows]
+            noise = torch.cat(rows).to(self.device)
+            per_head.append(self.model.denoise(prefix, self._batch_cache, noise, self.num_steps, head))
+        return [[chunks[i] for chunks in per_head] for i in range(b)]
+
+    def adopt(self, prefix: Prefix, row: int, slot: int) -> Prefix:
+        """Copy row ``row`` of a :meth:`prefill_batch` prefix into pool slot ``slot``: the prefix its language
+        requests start from, as if the observation had been prefilled there alone."""
+        src, dst, n = self._batch_cache, self.cache, prefix.length
+        dst.k[:, slot, :, :n] = src.k[:, row, :, :n]
+        dst.v[:, slot, :, :n] = src.v[:, row, :, :n]
+        dst.valid[slot] = False
+        dst.valid[slot, :n] = src.valid[row, :n]
+        return Prefix(slice(slot, slot + 1), n, prefix.num_valid[row:row + 1], prefix.last_hidden[row:row + 1])
 
     def first_token(self, prefix: Prefix) -> int:
         """The greedy token after the prefix (a request without prompt tokens starts with it)."""

@@ -65,3 +65,25 @@ class Observation:
             self.images[s], self.image_masks[s], self.tokens[s], self.token_mask[s],
             None if self.state is None else self.state[s],
         )
+
+
+def stack_observations(observations: list[Observation]) -> Observation:
+    """Batch-of-one observations -> one batch of B: prompts right-padded with token 0 (mask False) to the longest,
+    states kept only when every observation has one of the same size. Padding never changes a row's result: its
+    padded positions are invalid (masked out of attention, skipped by the positions)."""
+    if not observations:
+        raise ValueError("no observations to stack")
+    longest = max(o.tokens.shape[1] for o in observations)
+
+    def pad(x: torch.Tensor, value: bool | int) -> torch.Tensor:
+        return torch.nn.functional.pad(x, (0, longest - x.shape[1]), value=value)
+
+    states = [o.state for o in observations]
+    same = all(s is not None for s in states) and len({tuple(s.shape) for s in states}) == 1
+    return Observation(
+        images=torch.cat([o.images for o in observations]),
+        image_masks=torch.cat([o.image_masks for o in observations]),
+        tokens=torch.cat([pad(o.tokens, 0) for o in observations]),
+        token_mask=torch.cat([pad(o.token_mask, False) for o in observations]),
+        state=torch.cat(states) if same else None,
+    )

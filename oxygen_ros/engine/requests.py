@@ -91,6 +91,8 @@ class FrameResult:
     # the new requests refused this frame, each with its reason: "pool full", "prompt too long" or
     # "max_new_tokens out of range" (``rejected`` counts them)
     rejected_requests: list[tuple[LanguageRequest, str]] = field(default_factory=list)
+    # ``Engine.step_batch``: per observation of the batch, its chunks (one per head); ``actions`` stays empty
+    batch_actions: list[list[torch.Tensor]] = field(default_factory=list)
 
     def add_to(self, totals: dict[str, int]) -> None:
         """Count this frame into an engine's running ``totals``."""
@@ -151,3 +153,5 @@ class RequestState:
 
 # ``on_actions(frame_index, chunks)``: called with a frame's action chunks (one per head) before its language work.
 ActionCallback = Callable[[int, list[torch.Tensor]], None]
+# ``on_actions(i, chunks)`` of ``Engine.step_batch``: observation i's chunks, as soon as the whole batch is denoised.
+BatchActionCallback = Callable[[int, list[torch.Tensor]], None]

@@ -18,6 +18,7 @@ and PI's reference code), with the prefix K/V held constant. Every value here fo
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,6 +116,14 @@ def guidance_weight(time: float, max_guidance_weight: float) -> float:
     return float(torch.minimum(torch.nan_to_num(c * inv_r2, posinf=beta), beta))
 
 
+@functools.lru_cache(maxsize=16)
+def _step_gains(num_steps: int, max_guidance_weight: float) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Each Euler step's flow time (LeRobot's ``1 + k * dt``) and guidance weight (computed once per setting)."""
+    dt = -1.0 / num_steps
+    times = tuple(1.0 + k * dt for k in range(num_steps))
+    return times, tuple(guidance_weight(t, max_guidance_weight) for t in times)
+
+
 @dataclass
 class RTCGuide:
     """One frame's guidance, ready for the denoise loop: target Y [1, H, A], weights W [1, H, 1] and per step the
@@ -147,10 +156,8 @@ class RTCGuide:
         target = torch.zeros(1, horizon, action_dim)
         target[0, : y.shape[0], : y.shape[1]] = y
         weights = prefix_weights(prefix.delay, end, horizon, config.schedule)[None, :, None]
-        dt = -1.0 / num_steps
-        times = [1.0 + k * dt for k in range(num_steps)]
-        gains = [guidance_weight(t, config.max_guidance_weight) for t in times]
-        return RTCGuide(target.to(device), weights.to(device), times, gains, config.guidance == "vjp")
+        times, gains = _step_gains(num_steps, config.max_guidance_weight)
+        return RTCGuide(target.to(device), weights.to(device), list(times), list(gains), config.guidance == "vjp")
 
     def to(self, device: torch.device | str) -> RTCGuide:
         return RTCGuide(self.target.to(device), self.weights.to(device), self.times, self.gains, self.vjp)

@@ -132,6 +132,10 @@ class Scheduler:
             r.frames += 1
             r.frame_steps = 0
 
+    def restamp(self, stamp: Any) -> None:
+        """The observation stamp the requests admitted next start from (a batched frame's observations differ)."""
+        self._frame = (self._frame[0], stamp, self._frame[2])
+
     def alloc(self) -> int:
         """A slot for the frame's prefill."""
         return self.slots.alloc()

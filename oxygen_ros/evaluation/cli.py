@@ -1,7 +1,9 @@
 """Command lines of the bag tools (argparse only; the work is in the modules they call).
 
     python -m oxygen_ros.evaluation BAG --params-file config/synthetic.yaml [-p name:=value ...] --out DIR
+    python -m oxygen_ros.evaluation BAG BAG ... | DIR | 'GLOB' --params-file ... --out DIR [--ray-address ADDR]
     python -m oxygen_ros.tools.make_demo_bag OUT [--duration 10] [--size 224] [--storage mcap] [--compressed]
+    python -m oxygen_ros.tools.make_demo_bag OUT --scene tabletop --count 20
     python -m oxygen_ros.tools.replay_bag BAG [--clock] [--rate 1.0] [--loop]
 
 The evaluation takes the node's own parameters: the ``ros__parameters`` of a ROS 2 params YAML (its ``/**``
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import glob
 import logging
 import shutil
 import sys
@@ -81,8 +84,11 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m oxygen_ros.evaluation",
         description="Offline evaluation: run the node's pipeline over a rosbag2 (sqlite3 or mcap) "
-                    "deterministically, without DDS; writes report.json, plots and out_bag/.")
-    p.add_argument("bag", type=Path, help="rosbag2 directory (sqlite3 or mcap)")
+                    "deterministically, without DDS, and score it against what the robot was commanded; writes "
+                    "report.json, plots and out_bag/. Several bags, a directory of bags or a glob: a fleet "
+                    "evaluation (on Ray when installed) writing fleet.json, fleet.md and plots.")
+    p.add_argument("bags", nargs="+", help="rosbag2 directory (sqlite3 or mcap); several, a directory of bags or a "
+                                           "quoted glob evaluate a fleet")
     p.add_argument("--params-file", type=Path, action="append", default=[],
                    help="ROS 2 params YAML with the node's parameters (repeatable; later files override)")
     p.add_argument("-p", "--param", dest="params", action="append", default=[], metavar="NAME:=VALUE",
@@ -98,7 +104,45 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing out_bag")
+    s = p.add_argument_group("scores against the recording")
+    s.add_argument("--reference-topic", default="",
+                   help="what the robot was commanded: JointTrajectory, JointState or ActionChunk topic "
+                        "(default: the future joint states)")
+    s.add_argument("--reference-joints", nargs="+", default=[], metavar="JOINT",
+                   help="joints to score (default: the action names the reference has)")
+    s.add_argument("--reference-language", action="append", default=[], metavar="STREAM=TOPIC",
+                   help="score a language stream against an annotation topic (std_msgs/String or LanguageOutput; "
+                        "repeatable)")
+    s.add_argument("--tolerance", type=float, default=0.05, help="a chunk within tolerance: max |error| <= this")
+    f = p.add_argument_group("fleet (several bags)")
+    f.add_argument("--ray-address", help="run on this Ray cluster (default: a local Ray when installed)")
+    f.add_argument("--no-ray", action="store_true", help="evaluate the bags sequentially in this process")
+    f.add_argument("--workers", type=int, help="Ray actors (default: one per GPU, else CPUs / --cpus-per-worker)")
+    f.add_argument("--cpus-per-worker", type=float, default=1.0)
+    f.add_argument("--gpus-per-worker", type=float, help="default: 1 where the cluster has GPUs")
+    f.add_argument("--rerun", action="store_true", help="evaluate bags again that the output's cache holds")
+    f.add_argument("--fleet", action="store_true", help="a fleet evaluation even of a single bag")
     return p
+
+
+def _scoring(p: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    from .reference import ScoringOptions
+
+    topics: dict[str, str] = {}
+    for item in args.reference_language:
+        stream, sep, topic = item.partition("=")
+        if not sep or not stream or not topic:
+            p.error(f"--reference-language expects STREAM=TOPIC, got {item!r}")
+        topics[stream] = topic
+    if args.tolerance < 0:
+        p.error("--tolerance must not be negative")
+    return ScoringOptions(args.reference_topic, tuple(args.reference_joints), topics, args.tolerance)
+
+
+def _is_fleet(args: argparse.Namespace) -> bool:
+    from .fleet import is_bag
+
+    return args.fleet or len(args.bags) > 1 or glob.has_magic(args.bags[0]) or not is_bag(Path(args.bags[0]))
 
 
 def _print_summary(report: dict[str, Any], out: Path) -> None:
@@ -113,12 +157,47 @@ def _print_summary(report: dict[str, Any], out: Path) -> None:
     for stream, m in r.get("exact_match", {}).items():
         print(f"  {stream}: exact match {fmt(m['exact_match'], '.1%')} of {m['matched']} matched requests "
               f"({m['finished']} finished)")
+    scores = report["scores"]
+    a = scores["actions"]
+    if a:
+        print(f"actions vs {scores['reference_topic']}: MAE {fmt(a['mae'], '.4f')} (first action "
+              f"{fmt(a['first_action']['mae'], '.4f')}, executed part {fmt(a['executed']['mae'], '.4f')}) over "
+              f"{a['chunks']} chunks; within {a['tolerance']}: {fmt(a['within_tolerance']['executed'], '.0%')}")
+    else:
+        print(f"actions not scored: {scores['note']}")
+    for stream, m in scores["language"].items():
+        print(f"  {stream} vs {m['topic']}: exact match {fmt(m['exact_match'], '.1%')}, edit distance "
+              f"{fmt(m['edit_distance'], '.3f')} ({m['scored']} scored)")
     print(f"digest {report['digest']['sha256']}")
     print(f"wrote {out / 'report.json'}, {len(report['outputs']['plots'])} plots, {out / 'out_bag'}")
 
 
+def _run_fleet(p: argparse.ArgumentParser, args: argparse.Namespace, params: dict[str, Any]) -> int:
+    from .fleet import evaluate_fleet
+    from .fleet_report import fleet_table
+
+    if args.reference is not None:
+        p.error("--reference compares one bag's report; it does not apply to a fleet")
+    if args.no_ray and args.ray_address:
+        p.error("--no-ray and --ray-address contradict each other")
+    try:
+        fleet = evaluate_fleet(args.bags, args.out, params, scoring=_scoring(p, args), max_frames=args.max_frames,
+                               joint_states_topic=args.joint_states_topic, instruction_topic=args.instruction_topic,
+                               use_ray=False if args.no_ray else None, ray_address=args.ray_address,
+                               workers=args.workers, cpus_per_worker=args.cpus_per_worker,
+                               gpus_per_worker=args.gpus_per_worker, rerun=args.rerun, plots=not args.no_plots,
+                               progress=False if args.no_progress else None)
+    except (FileNotFoundError, ImportError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(fleet_table(fleet))
+    print(f"wrote {args.out / 'fleet.json'}, {args.out / 'fleet.md'}, {len(fleet['outputs']['plots'])} plots")
+    return 1 if fleet["bags"]["failed"] else 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oxygen_ros.evaluation`` / ``oxygen-evaluate-bag``: evaluate a bag with the node's parameters."""
+    """``python -m oxygen_ros.evaluation`` / ``oxygen-evaluate-bag``: evaluate a bag (or a fleet of bags) with the
+    node's parameters; exit 0, 1 when a fleet bag failed, 2 on bad arguments or a failed single bag."""
     p = _evaluate_parser()
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -129,13 +208,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         params.update(parse_overrides(args.params))
     except (OSError, ValueError, yaml.YAMLError) as e:
         p.error(str(e))
+    if _is_fleet(args):
+        return _run_fleet(p, args, params)
     from .run import evaluate_bag  # torch and the model stack load only for a real run
 
     try:
-        report = evaluate_bag(args.bag, args.out, params, max_frames=args.max_frames, storage=args.storage,
+        report = evaluate_bag(args.bags[0], args.out, params, max_frames=args.max_frames, storage=args.storage,
                               plots=not args.no_plots, progress=False if args.no_progress else None,
                               overwrite=args.overwrite, joint_states_topic=args.joint_states_topic,
-                              instruction_topic=args.instruction_topic, reference=args.reference)
+                              instruction_topic=args.instruction_topic, reference=args.reference,
+                              scoring=_scoring(p, args))
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad parameters, bag or output directory
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -144,14 +226,21 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def make_demo_bag_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oxygen_ros.tools.make_demo_bag`` / ``oxygen-make-demo-bag``: write the synthetic demo bag."""
+    """``python -m oxygen_ros.tools.make_demo_bag`` / ``oxygen-make-demo-bag``: write the synthetic demo bag, or
+    tabletop-world bags (``--scene tabletop [--count N]``) with the expert's commands and the world's language."""
     from .demo_bag import DEFAULT_CAMERAS, DEFAULT_INSTRUCTION, DEFAULT_JOINT_NAMES, make_demo_bag
 
     p = argparse.ArgumentParser(description="Write a deterministic rosbag2 of the synthetic demo scene (cameras, "
-                                            "joint states, instruction) with rosbags.")
-    p.add_argument("out", type=Path, help="bag directory to create")
-    p.add_argument("--duration", type=float, default=10.0, help="seconds of bag time (default 10)")
-    p.add_argument("--rate", type=float, default=10.0, help="camera and joint-state rate in Hz (default 10)")
+                                            "joint states, instruction) with rosbags; or, with --scene tabletop, "
+                                            "episodes of the tabletop world driven by its expert, with the "
+                                            "expert's commands on /expert/joint_trajectory and the world's "
+                                            "subtask and narration on /annotations/*.")
+    p.add_argument("out", type=Path, help="bag directory to create (--count > 1: a directory of bags)")
+    p.add_argument("--scene", choices=("synthetic", "tabletop"), default="synthetic")
+    p.add_argument("--count", type=int, default=1, help="tabletop: this many bags, one per seed")
+    p.add_argument("--duration", type=float, default=10.0, help="synthetic: seconds of bag time (default 10)")
+    p.add_argument("--rate", type=float, help="camera and joint-state rate in Hz (default 10; tabletop: its 20 Hz "
+                                              "step rate)")
     p.add_argument("--cameras", nargs="+", default=list(DEFAULT_CAMERAS), help="camera names (viewpoints)")
     p.add_argument("--size", type=int, default=224, help="square image size in pixels (default 224)")
     p.add_argument("--instruction", default=DEFAULT_INSTRUCTION)
@@ -160,20 +249,43 @@ def make_demo_bag_main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--storage", choices=_STORAGE_CHOICES, default="sqlite3")
     p.add_argument("--topic-fmt", default="/cameras/{name}/image_raw", help="camera topic, {name} = camera")
     p.add_argument("--compressed", action="store_true", help="write jpeg CompressedImage on <topic>/compressed")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, help="scene seed (synthetic default 0; tabletop: the first episode seed, "
+                                            "default 1000000, the world's evaluation seeds)")
+    p.add_argument("--tail", type=float, default=0.5, help="tabletop: seconds recorded after the episode ends")
     p.add_argument("--overwrite", action="store_true", help="replace an existing bag directory")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
+    if args.count < 1 or (args.count > 1 and args.scene != "tabletop"):
+        p.error("--count: at least 1, and more than 1 only with --scene tabletop")
     if args.out.exists():
         if not args.overwrite:
             p.error(f"{args.out} exists (use --overwrite)")
-        if not (args.out / "metadata.yaml").exists():
+        from .fleet import find_bags, is_bag
+
+        if is_bag(args.out):
+            shutil.rmtree(args.out)
+        elif args.count > 1 and args.out.is_dir():
+            for bag in find_bags([args.out]):
+                shutil.rmtree(bag)
+        else:
             p.error(f"{args.out} exists and is not a rosbag2 directory; not removing it")
-        shutil.rmtree(args.out)
+    progress = False if args.no_progress else None
+    if args.scene == "tabletop":
+        from .demo_fleet import FIRST_SEED, make_demo_fleet, make_tabletop_bag
+
+        seed, rate = FIRST_SEED if args.seed is None else args.seed, args.rate or 20.0
+        if args.count == 1:
+            make_tabletop_bag(args.out, seed, rate, tail_s=args.tail, storage=args.storage)
+            print(f"wrote {args.out}")
+        else:
+            paths = make_demo_fleet(args.out, args.count, seed, step_rate_hz=rate, tail_s=args.tail,
+                                    storage=args.storage, progress=progress)
+            print(f"wrote {len(paths)} bags to {args.out} (seeds {seed}..{seed + args.count - 1})")
+        return 0
     path = make_demo_bag(
-        args.out, args.duration, args.rate, args.cameras, args.size, args.instruction, args.joint_names,
-        args.storage, args.topic_fmt, args.compressed, seed=args.seed, instruction_period_s=args.instruction_period,
-        progress=False if args.no_progress else None,
+        args.out, args.duration, args.rate or 10.0, args.cameras, args.size, args.instruction, args.joint_names,
+        args.storage, args.topic_fmt, args.compressed, seed=args.seed or 0,
+        instruction_period_s=args.instruction_period, progress=progress,
     )
     print(f"wrote {path}")
     return 0

@@ -56,11 +56,13 @@ class OutputBag:
         self.writer.write(conn, log_ns, self.ts.serialize_cdr(to_typestore(msg, self.ts), msgtype))
 
     def chunk(self, frame_index: int, stamp_ns: int, log_ns: int, actions: np.ndarray, names: Sequence[str],
-              dt_s: float, latency_s: float, subtask: str = "") -> None:
+              dt_s: float, latency_s: float, subtask: str = "", first_step: int = 0) -> None:
         """One action chunk [H, D] float32 in robot units, stamped with the observation time ``stamp_ns`` and
-        logged at the tick ``log_ns`` that produced it (``subtask``: what its prompt was conditioned on)."""
+        logged at the tick ``log_ns`` that produced it (``subtask``: what its prompt was conditioned on;
+        ``first_step``: the denoised chunk's index of ``actions[0]``, ActionChunk.first_step)."""
         self._write(self.action_conn, log_ns, make_action_chunk(actions, stamp_ns, frame_index, names, dt_s,
-                                                                latency_s, subtask=subtask), ACTION_TYPE)
+                                                                latency_s, subtask=subtask, first_step=first_step),
+                    ACTION_TYPE)
         horizon, dim = actions.shape
         self.actions_hash.update(struct.pack("<qqii", frame_index, stamp_ns, horizon, dim) + actions.tobytes())
         self.num_chunks += 1

@@ -1,6 +1,6 @@
 """The evaluation's PNG plots, drawn from a report: stage latency per frame, action frequency, language
-throughput and request latency (placeholders when nothing ran). matplotlib's object API only: no pyplot, no
-global backend or figure state."""
+throughput, request latency and the action error against the reference (placeholders when nothing ran).
+matplotlib's object API only: no pyplot, no global backend or figure state."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import numpy as np
 
 from .report import STAGES
 
-__all__ = ["PLOT_FILES", "write_plots"]
+__all__ = ["PLOT_FILES", "plot_error_vs_step", "write_plots"]
 
-PLOT_FILES = ("stage_latency.png", "action_frequency.png", "language_throughput.png", "request_latency.png")
+PLOT_FILES = ("stage_latency.png", "action_frequency.png", "language_throughput.png", "request_latency.png",
+              "action_error.png")
 
 
 def _placeholder(ax: Any, text: str) -> None:
@@ -91,8 +92,45 @@ def _request_latency(fig: Any, items: list[dict], title: str) -> None:
     fig.suptitle(f"Request latency: {title}")
 
 
+def plot_error_vs_step(ax: Any, actions: dict[str, Any], label: str = "") -> None:
+    """MAE per horizon step, one line per joint and the mean over joints (``actions``: a report's
+    ``scores.actions``), with the executed part's end marked."""
+    steps = np.arange(1, actions["horizon"] + 1)
+    per = np.array([[np.nan if v is None else v for v in row] for row in actions["mae_per_step_joint"]])
+    for j, name in enumerate(actions["joints"]):
+        ax.plot(steps, per[:, j], ".-", lw=1, label=name)
+    ax.plot(steps, [np.nan if v is None else v for v in actions["mae_per_step"]], "k-", lw=2.5,
+            label="mean over joints")
+    if actions["n_execute"] < actions["horizon"]:
+        ax.axvline(actions["n_execute"] + 0.5, color="tab:red", ls="--", lw=1, label="executed part")
+    ax.set_xlabel("horizon step (action i at stamp + i * dt)")
+    ax.set_ylabel("MAE (robot units)")
+    ax.set_title(f"Error vs horizon step{label}")
+    ax.legend(fontsize=8)
+
+
+def _action_error(fig: Any, scores: dict[str, Any] | None, title: str) -> None:
+    ax1, ax2 = fig.subplots(1, 2, gridspec_kw={"width_ratios": [3, 2]})
+    actions = (scores or {}).get("actions")
+    if actions and actions["chunks"]:
+        plot_error_vs_step(ax1, actions, f" ({scores['reference_topic']})")
+        per = actions["per_chunk"]
+        ax2.plot([c["frame"] for c in per], [c["mae"] for c in per], ".-", lw=1, label="whole chunk (covered)")
+        ax2.plot([c["frame"] for c in per], [np.nan if c["first_mae"] is None else c["first_mae"] for c in per],
+                 ".-", lw=1, label="first action")
+        ax2.axhline(actions["tolerance"], color="tab:gray", ls=":", lw=1, label="tolerance")
+        ax2.set_xlabel("frame")
+        ax2.set_ylabel("MAE")
+        ax2.set_title("Error per chunk")
+        ax2.legend(fontsize=8)
+    else:
+        for ax in (ax1, ax2):
+            _placeholder(ax, (scores or {}).get("note") or "no chunk scored")
+    fig.suptitle(f"Action error against the recording: {title}")
+
+
 def write_plots(report: dict[str, Any], out: str | Path) -> list[Path]:
-    """Write the four PNGs of :data:`PLOT_FILES` from a report into ``out``; returns their paths."""
+    """Write the PNGs of :data:`PLOT_FILES` from a report into ``out``; returns their paths."""
     from matplotlib.figure import Figure
     from matplotlib.ticker import MaxNLocator
 
@@ -108,6 +146,7 @@ def write_plots(report: dict[str, Any], out: str | Path) -> list[Path]:
         ((9, 5), lambda fig: _action_frequency(fig, frames, x, period_ms, title, report["model"]["action_horizon"])),
         ((9, 4.5), lambda fig: _language_throughput(fig, frames, x, title)),
         ((9, 4), lambda fig: _request_latency(fig, items, title)),
+        ((12, 4.5), lambda fig: _action_error(fig, report.get("scores"), title)),
     )
     paths = []
     for name, (size, draw) in zip(PLOT_FILES, draws, strict=True):

@@ -14,24 +14,27 @@ import numpy as np
 from oxygen_ros.engine.requests import FinishedRequest
 
 from .outputs import ACTION_TOPIC, LANGUAGE_TOPIC
+from .scoring import ChunkRecord
 
 __all__ = ["REPORT_KEYS", "STAGES", "RunLog", "build_report", "exact_match", "percentiles"]
 
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager")
 REPORT_KEYS = ("version", "inputs", "config", "model", "ticks", "frames", "skipped", "skip_reasons",
-               "skipped_frames", "rejected_inputs", "per_frame", "summary", "requests", "digest", "outputs",
-               "wall_s")
+               "skipped_frames", "rejected_inputs", "per_frame", "summary", "requests", "scores", "digest",
+               "outputs", "wall_s")
 
 
 @dataclass
 class RunLog:
-    """What one evaluation recorded: a record per processed frame, per skipped tick and per finished request."""
+    """What one evaluation recorded: a record per processed frame, per skipped tick and per finished request, and
+    every whole chunk (for the scores; not in the report)."""
 
     ticks: int = 0
     per_frame: list[dict[str, Any]] = field(default_factory=list)
     skipped: list[dict[str, Any]] = field(default_factory=list)
     requests: list[dict[str, Any]] = field(default_factory=list)
     issued: int = 0
+    chunks: list[ChunkRecord] = field(default_factory=list)
 
     def skip(self, tick: int, tick_ns: int, reason: str, detail: str) -> None:
         """A tick without an observation."""
@@ -107,7 +110,8 @@ def exact_match(items: Sequence[Mapping[str, Any]], reference: Sequence[Mapping[
 def build_report(*, log: RunLog, inputs: dict[str, Any], config: dict[str, Any], model: dict[str, Any],
                  rejected: Mapping[str, int], engine_totals: Mapping[str, int], backlog: int, period: float,
                  digest: dict[str, Any], out: str) -> dict[str, Any]:
-    """The JSON report (keys :data:`REPORT_KEYS`; ``wall_s`` and ``outputs.plots`` are filled in by the caller).
+    """The JSON report (keys :data:`REPORT_KEYS`; ``scores``, ``wall_s`` and ``outputs.plots`` are filled in by the
+    caller).
 
     Args:
         log: the run's records. inputs, config, model: the report's sections of the same names.
@@ -130,6 +134,7 @@ def build_report(*, log: RunLog, inputs: dict[str, Any], config: dict[str, Any],
         "per_frame": log.per_frame,
         "summary": _summary(log.per_frame, model["action_horizon"], period),
         "requests": _requests(log, engine_totals, backlog),
+        "scores": None,
         "digest": digest,
         "outputs": {"dir": out, "report": "report.json", "bag": "out_bag", "action_topic": ACTION_TOPIC,
                     "language_topic": LANGUAGE_TOPIC, "plots": []},

@@ -19,7 +19,8 @@ report records).
 
 Written into ``out``: ``report.json`` (:mod:`.report`), PNG plots (:mod:`.plots`) and ``out_bag/`` with the node's
 output topics (:mod:`.outputs`), header-stamped with the originating observation time (the newest camera stamp
-used) and logged at the tick that produced them.
+used) and logged at the tick that produced them. The report's ``scores`` compare every chunk with what the robot
+was commanded and every text with the bag's annotations (:mod:`.reference`, :mod:`.scoring`).
 """
 
 from __future__ import annotations
@@ -31,10 +32,11 @@ import logging
 import math
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from rosbags.highlevel import AnyReader
 from rosbags.rosbag2 import Writer
@@ -53,10 +55,12 @@ from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, NodeParams, validate
 
 from .outputs import OutputBag, prepare_out_bag
 from .plots import write_plots
+from .reference import ScoringOptions, load_references, score_run, scored_joints
 from .report import STAGES, RunLog, build_report, exact_match
+from .scoring import ChunkRecord
 from .typestore import IMAGE_TYPES, STORAGES, bag_storage, oxygen_typestore
 
-__all__ = ["INSTRUCTION_TOPIC", "JOINT_STATES_TOPIC", "camera_topics", "evaluate_bag", "node_params"]
+__all__ = ["INSTRUCTION_TOPIC", "JOINT_STATES_TOPIC", "PolicyCache", "camera_topics", "evaluate_bag", "node_params"]
 
 logger = logging.getLogger(__name__)
 
@@ -166,6 +170,16 @@ def _tick_count(reader: AnyReader, rate_hz: float, max_frames: int | None) -> in
     return n if max_frames is None else min(n, max_frames)
 
 
+def _replay_clock(runner: Any, stamp_ns: int, dt_s: float) -> Callable[[], int] | None:
+    """Real-time chunking in a replay: with a fixed delay (``rtc.delay: N``) each chunk is ready N actions after its
+    observation on the bag's clock, so the replay is deterministic; with ``auto`` (or no RTC) the measured latency
+    counts, as on the robot."""
+    rtc = runner.rtc
+    if rtc is None or rtc.delay is None:
+        return None
+    return lambda: stamp_ns + round(rtc.delay * dt_s * 1e9)
+
+
 def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: OutputBag, log: RunLog,
                dt_s: float, show: bool) -> None:
     """Every tick: feed the bag up to it, build the observation (or skip), run one frame, write its outputs."""
@@ -184,11 +198,14 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
             continue
         if built.prompt_truncated:
             feed.rejected.add("prompt_truncated", "instruction + state exceed the model's max_token_len")
-        out = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction)
+        out = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction,
+                          clock_ns=_replay_clock(runner, built.stamp_ns, dt_s))
         res, chunk = out.result, out.chunk
         log.issued += out.new_requests
-        outputs.chunk(res.frame_index, built.stamp_ns, tick_ns, chunk.actions, loaded.action_names, dt_s,
-                      chunk.latency_s, chunk.subtask)
+        # the whole chunk as a robot receives it (ActionChunk's float32), scored against the reference afterwards
+        log.chunks.append(ChunkRecord(res.frame_index, built.stamp_ns, chunk.chunk.astype(np.float32)))
+        outputs.chunk(res.frame_index, built.stamp_ns, tick_ns, chunk.published, loaded.action_names, dt_s,
+                      chunk.latency_s, chunk.subtask, chunk.start)
         for f in res.finished:
             if not f.dropped:
                 outputs.language(f, tick_ns)
@@ -264,6 +281,32 @@ def _evaluate(reader: AnyReader, loaded: LoadedPolicy, out_bag: Path, storage: s
     return log, sections, outputs.digest()
 
 
+class PolicyCache:
+    """One loaded policy kept across runs with equal node parameters, so that a fleet worker loads the model once
+    and evaluates bag after bag (different parameters load anew). :meth:`close` releases it."""
+
+    def __init__(self) -> None:
+        self._params: NodeParams | None = None
+        self._loaded: LoadedPolicy | None = None
+        self.loads = 0
+
+    def get(self, p: NodeParams) -> LoadedPolicy:
+        """The policy for ``p``, loaded on the first call and whenever ``p`` changes."""
+        if self._loaded is None or self._params != p:
+            self.close()
+            self._loaded = load_node_policy(p)
+            self._params = p
+            self.loads += 1
+            for note in self._loaded.notes:
+                logger.info(note)
+        return self._loaded
+
+    def close(self) -> None:
+        if self._loaded is not None:
+            self._loaded.release()
+        self._loaded = self._params = None
+
+
 def evaluate_bag(
     bag: str | Path,
     out: str | Path,
@@ -277,6 +320,8 @@ def evaluate_bag(
     joint_states_topic: str = JOINT_STATES_TOPIC,
     instruction_topic: str = INSTRUCTION_TOPIC,
     reference: str | Path | Mapping[str, Any] | None = None,
+    scoring: ScoringOptions | None = None,
+    policies: PolicyCache | None = None,
 ) -> dict[str, Any]:
     """Run the node's pipeline over ``bag`` on a virtual clock; write report.json, plots and ``out_bag/`` to ``out``.
 
@@ -295,13 +340,17 @@ def evaluate_bag(
         reference: another evaluation's report (or its path): ``requests.exact_match`` then gives, per stream, the
             share of texts equal to the reference's from the same observation (e.g. ``oxygen`` against
             ``isolated``: 1.0 when the unified engine changes no output).
+        scoring: what the report's ``scores`` compare with (:class:`~oxygen_ros.evaluation.reference.ScoringOptions`;
+            default: the chunks against the bag's future joint states, no language).
+        policies: keep the loaded policy here across calls (a fleet worker); None: load and release it.
 
     Returns:
         The report (also written to ``out/report.json``).
 
     Raises:
         ParamError: invalid parameters. ValueError: a bad storage, a camera topic of the wrong message type, a
-            parameter contradicting the checkpoint. FileExistsError: ``out/out_bag`` exists and not ``overwrite``.
+            parameter contradicting the checkpoint, a reference or annotation topic that is missing or of the
+            wrong type. FileExistsError: ``out/out_bag`` exists and not ``overwrite``.
     """
     # (over 60 lines with its signature and docstring; the body is one short pass)
     t_start = time.perf_counter()
@@ -313,25 +362,28 @@ def evaluate_bag(
     with AnyReader([bag], default_typestore=ts) as reader:
         p = node_params(params, reader, joint_states_topic)
         resolve_device(p.device, p.dtype)  # an unavailable device fails before anything is written
+        refs = load_references(reader, scoring or ScoringOptions(), joint_states_topic)
         out_bag = prepare_out_bag(out, overwrite)
+        cache = policies or PolicyCache()
         with _torch_threads(p.torch_threads):
-            loaded = load_node_policy(p)
+            loaded = cache.get(p)
             try:
-                for note in loaded.notes:
-                    logger.info(note)
-                loaded.params = dataclasses.replace(
-                    loaded.params, camera_topics=camera_topics(loaded.params, {c.topic: c.msgtype
-                                                                               for c in reader.connections}))
+                scored_joints(refs, loaded.action_names)  # named joints that do not exist fail before the run
+                topics = camera_topics(loaded.params, {c.topic: c.msgtype for c in reader.connections})
+                run = dataclasses.replace(loaded, params=dataclasses.replace(loaded.params, camera_topics=topics))
                 show = sys.stderr.isatty() if progress is None else progress
-                log, s, digest = _evaluate(reader, loaded, out_bag, storage, ts, max_frames, show,
+                log, s, digest = _evaluate(reader, run, out_bag, storage, ts, max_frames, show,
                                            (joint_states_topic, instruction_topic))
             finally:
-                loaded.release()
+                if policies is None:
+                    cache.close()
     inputs = {"bag": str(bag), "storage": storage, "checkpoint": loaded.source,
               "tokenizer": str(loaded.policy.tokenizer.model_path), "msg_definitions": msg_source}
     report = build_report(log=log, inputs=inputs, config=s["config"], model=s["model"], rejected=s["rejected"],
-                          engine_totals=s["engine_totals"], backlog=s["backlog"], period=loaded.params.period_s,
+                          engine_totals=s["engine_totals"], backlog=s["backlog"], period=run.params.period_s,
                           digest=digest, out=str(out))
+    report["scores"] = score_run(refs, log.chunks, log.requests, run.action_names,
+                                 1.0 / s["config"]["action_rate_hz"], s["model"]["action_horizon"])
     if reference is not None:
         ref = reference if isinstance(reference, Mapping) else json.loads(Path(reference).read_text())
         report["requests"]["exact_match"] = exact_match(report["requests"]["items"], ref["requests"]["items"])

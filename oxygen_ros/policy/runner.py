@@ -16,21 +16,22 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from oxygen_ros.engine.engine import Engine
-from oxygen_ros.engine.requests import Frame, FrameResult, LanguageRequest
+from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
 from oxygen_ros.engine.rtc import RTCPrefix
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 
 from .policy import Policy, PreparedObservation, RawObservation
 from .rtc import ChunkMemory, DelayEstimator, RTCSchedule
 
-__all__ = ["TRIGGERS", "ChunkOutput", "FrameOutput", "FrameRunner", "LanguageSchedule", "seeded_noise"]
+__all__ = ["TRIGGERS", "ChunkOutput", "FrameOutput", "FrameRunner", "LanguageSchedule", "PendingFrame", "StreamTag",
+           "seeded_noise", "step_batch"]
 
 
 TRIGGERS = ("periodic", "on_instruction_change", "continuous")
@@ -149,6 +150,33 @@ class FrameOutput:
     requests: list[LanguageRequest] = field(default_factory=list)  # the ones this frame started (admitted or not)
 
 
+@dataclass(frozen=True)
+class StreamTag:
+    """The ``LanguageRequest.tag`` of a stream request started by a runner that has an ``owner`` (runners sharing
+    one engine, e.g. a server's clients): whose request it is."""
+
+    owner: object
+    stream: str
+    frame: int  # the runner's frame count when it started
+
+
+@dataclass
+class PendingFrame:
+    """A frame between :meth:`FrameRunner.begin` and :meth:`FrameRunner.finish`: its engine frame and bookkeeping."""
+
+    frame: Frame
+    prepared: PreparedObservation
+    requests: list[LanguageRequest]
+    instruction: str
+    t0: float
+    t_prep: float
+    stamp_ns: int
+    arrived: float | None
+    on_chunk: Callable[[ChunkOutput], None] | None = None
+    chunks: list[ChunkOutput] = field(default_factory=list)
+    clock_ns: Callable[[], int] | None = None  # the stamps' clock, read when the chunk is ready
+
+
 def seeded_noise(seed: int) -> Callable[[int, int, int], torch.Tensor]:
     """Noise x_1 [1, H, A] fixed by (seed, frame index): reproducible runs, the same for every engine mode."""
 
@@ -171,6 +199,10 @@ class FrameRunner:
         condition_on: subtask conditioning (off: ''): the name of a stream (normally the ``subtask`` task) whose
             latest finished output enters the action prompt of the frames after it finished, in pi0.5's two-stage
             form (``PromptTokenizer.tokenize_action_prompt(subtask=...)``); cleared when the instruction changes.
+        owner: set it when several runners share one engine (``engine_factory`` returning it; see
+            :func:`step_batch`): the runner's stream requests are then tagged ``StreamTag(owner, ...)`` and only
+            those count as its own (continuous triggers, subtask conditioning). The caller hands every runner the
+            results of frames it was not part of (:meth:`observe`).
         rtc: real-time chunking (:mod:`.rtc`): each frame's chunk continues the last one handed out (its remainder
             from the new observation's stamp on, delta dims re-referenced), with the delay fixed or estimated from
             the measured chunk ages; the engine must run ``EngineConfig.rtc`` = ``rtc.config``.
@@ -179,8 +211,9 @@ class FrameRunner:
     def __init__(self, policy: Policy, engine_factory: Callable[[], Engine],
                  language: LanguageSchedule | Sequence[LanguageSchedule] | None = None,
                  noise: Callable[[int, int, int], torch.Tensor] | None = None, n_execute: int | None = None,
-                 condition_on: str = "", rtc: RTCSchedule | None = None) -> None:
+                 condition_on: str = "", owner: object = None, rtc: RTCSchedule | None = None) -> None:
         self.policy = policy
+        self.owner = owner
         self._factory = engine_factory
         self.engine = engine_factory()
         self.rtc = rtc
@@ -256,9 +289,19 @@ class FrameRunner:
         made_for, text, _ = self._subtask
         return text if self.condition_on and made_for == instruction else ""
 
-    def _observe_subtask(self, result: FrameResult) -> None:
-        for f in result.finished:
-            if f.stream != self.condition_on:
+    def owns(self, tag: object) -> bool:
+        """Whether a request tagged ``tag`` is this runner's (without an owner: every request of its engine)."""
+        return self.owner is None or (isinstance(tag, StreamTag) and tag.owner == self.owner)
+
+    def observe(self, finished: Iterable[FinishedRequest]) -> None:
+        """Learn from finished requests (the subtask a conditioned stream produced); others' are ignored, and a
+        request seen twice counts once."""
+        if self.condition_on:
+            self._observe_subtask(finished)
+
+    def _observe_subtask(self, finished: Iterable[FinishedRequest]) -> None:
+        for f in finished:
+            if f.stream != self.condition_on or not self.owns(f.tag):
                 continue
             made_for = self._subtask_requests.pop(f.frame_index, None)
             # the newest observation's subtask wins, even if an older request finishes after it
@@ -313,12 +356,13 @@ class FrameRunner:
         """The requests this frame starts: every due stream's, in admission order."""
         stamp = stamp_ns or time.monotonic_ns()  # unstamped (offline) frames: the wall clock times period_s
         requests = []
-        busy = {r.request.stream for r in self.engine.inflight} if self._continuous else set()
+        busy = {r.request.stream for r in self.engine.inflight if self.owns(r.tag)} if self._continuous else set()
         for clock in self._clocks:
             if clock.due(self.processed, stamp, instruction, clock.schedule.stream in busy):
                 s = clock.schedule
+                tag = StreamTag(self.owner, s.stream, self.processed) if self.owner is not None else None
                 requests.append(LanguageRequest(s.task, s.max_new_tokens, list(self.request_tokens(instruction, s)),
-                                                stream=s.stream, priority=s.priority, adapter=s.adapter))
+                                                stream=s.stream, priority=s.priority, adapter=s.adapter, tag=tag))
                 clock.started(stamp, instruction)
         return requests
 
@@ -341,16 +385,29 @@ class FrameRunner:
 
     def step(self, observation: RawObservation | PreparedObservation, *, stamp_ns: int = 0,
              arrived: float | None = None, instruction: str | None = None, start_language: bool = True,
-             on_chunk: Callable[[ChunkOutput], None] | None = None,
+             on_chunk: Callable[[ChunkOutput], None] | None = None, noise: torch.Tensor | None = None,
              clock_ns: Callable[[], int] | None = None, deadline: float | None = None) -> FrameOutput:
         """Run one frame. ``on_chunk`` gets the robot-unit chunk before any decoding of the frame.
 
         ``arrived`` is the ``time.monotonic()`` instant the newest input arrived; ``instruction`` the request
-        prompt's instruction (default: the observation's task). ``clock_ns``: the clock of the stamps (the node's,
-        a simulator's), read when the chunk is ready: the chunk's age since its observation, which real-time
-        chunking counts committed actions and estimates the delay from (default: ``latency_s``). ``deadline``: the
-        ``time.perf_counter`` instant the frame should end by (``Frame.deadline``: what ``k = auto`` fits).
+        prompt's instruction (default: the observation's task); ``noise`` fixes x_1 [1, H, A] (default:
+        ``self.noise(frame index, H, A)``). ``clock_ns``: the clock of the stamps (the node's, a simulator's), read
+        when the chunk is ready: the chunk's age since its observation, which real-time chunking counts committed
+        actions and estimates the delay from (default: ``latency_s``). ``deadline``: the ``time.perf_counter``
+        instant the frame should end by (``Frame.deadline``: what ``k = auto`` fits).
         """
+        pending = self.begin(observation, stamp_ns=stamp_ns, arrived=arrived, instruction=instruction,
+                             start_language=start_language, on_chunk=on_chunk, noise=noise, clock_ns=clock_ns,
+                             deadline=deadline)
+        result = self.engine.step(pending.frame, on_actions=lambda _, chunks: self.chunk_ready(pending, chunks))
+        return self.finish(pending, result)
+
+    def begin(self, observation: RawObservation | PreparedObservation, *, stamp_ns: int = 0,
+              arrived: float | None = None, instruction: str | None = None, start_language: bool = True,
+              on_chunk: Callable[[ChunkOutput], None] | None = None, noise: torch.Tensor | None = None,
+              clock_ns: Callable[[], int] | None = None, deadline: float | None = None) -> PendingFrame:
+        """The first part of :meth:`step` (same arguments): prepare the observation and pick the frame's language
+        requests and noise; the engine frame to run is ``pending.frame``."""
         t0 = time.monotonic()
         if isinstance(observation, RawObservation):
             instruction = observation.task if instruction is None else instruction
@@ -360,36 +417,68 @@ class FrameRunner:
         else:
             prepared = observation
         t_prep = time.monotonic()
-        index = self.engine.frame_index
         requests = self._with_submitted(self._due_requests(stamp_ns, instruction or "") if start_language else [])
-        spec = self.policy.spec
-        noise = self.noise(index, spec.chunk_size, self.policy.model.config.action_dim)
+        if noise is None:
+            spec, model = self.policy.spec, self.policy.model
+            noise = self.noise(self.engine.frame_index, spec.chunk_size, model.config.action_dim)
         rtc = self._remainder(stamp_ns, instruction or "", prepared)
-        out: list[ChunkOutput] = []
+        frame = Frame(prepared.observation, requests, noise, stamp=stamp_ns, rtc=rtc, deadline=deadline)
+        return PendingFrame(frame, prepared, requests, instruction or "", t0, t_prep, stamp_ns, arrived, on_chunk,
+                            clock_ns=clock_ns)
 
-        def handle(frame_index: int, chunks: list[torch.Tensor]) -> None:
-            robot = self.policy.postprocess(chunks[0], prepared)
-            now = time.monotonic()
-            since = t0 if arrived is None else arrived
-            age = (clock_ns() - stamp_ns) / 1e9 if clock_ns is not None and stamp_ns else now - since
-            chunk = ChunkOutput(frame_index, stamp_ns, robot[: self.n_execute], robot, now - since, now - t0,
-                                prepared.subtask, self._committed(stamp_ns, age, len(robot)), rtc is not None,
-                                rtc.delay if rtc is not None else 0)
-            if self._memory is not None:
-                self._memory.record(stamp_ns, chunks[0][:, : spec.action_dims].float().cpu().numpy(),
-                                    prepared.reference_state)
-                self._chunk_instruction = instruction or ""
-            out.append(chunk)
-            if on_chunk is not None:
-                on_chunk(chunk)
+    def chunk_ready(self, pending: PendingFrame, chunks: list[torch.Tensor]) -> ChunkOutput:
+        """The engine denoised ``pending``'s chunk(s): robot units, timed, handed to its ``on_chunk``."""
+        robot = self.policy.postprocess(chunks[0], pending.prepared)
+        now = time.monotonic()
+        since = pending.t0 if pending.arrived is None else pending.arrived
+        stamp, rtc = pending.stamp_ns, pending.frame.rtc
+        age = (pending.clock_ns() - stamp) / 1e9 if pending.clock_ns is not None and stamp else now - since
+        chunk = ChunkOutput(self.engine.frame_index, stamp, robot[: self.n_execute], robot, now - since,
+                            now - pending.t0, pending.prepared.subtask, self._committed(stamp, age, len(robot)),
+                            rtc is not None, rtc.delay if rtc is not None else 0)
+        if self._memory is not None:
+            self._memory.record(stamp, chunks[0][:, : self.policy.spec.action_dims].float().cpu().numpy(),
+                                pending.prepared.reference_state)
+            self._chunk_instruction = pending.instruction
+        pending.chunks.append(chunk)
+        if pending.on_chunk is not None:
+            pending.on_chunk(chunk)
+        return chunk
 
-        result = self.engine.step(Frame(prepared.observation, requests, noise, stamp=stamp_ns, rtc=rtc,
-                                        deadline=deadline), on_actions=handle)
+    def finish(self, pending: PendingFrame, result: FrameResult, index: int | None = None) -> FrameOutput:
+        """The last part of :meth:`step`: count the frame, learn from its results. ``index``: the pending frame's
+        position in a batched engine frame (its chunks are ``result.batch_actions[index]``)."""
         self.processed += 1
-        if self.condition_on:
-            if any(r.stream == self.condition_on for r in requests):
-                self._subtask_requests[index] = instruction or ""
-            self._observe_subtask(result)
-        if not out:  # engines always call back; keep the contract even if one did not
-            handle(result.frame_index, result.actions)
-        return FrameOutput(out[0], result, prepared, t_prep - t0, len(requests), requests)
+        if self.condition_on and any(r.stream == self.condition_on for r in pending.requests):
+            self._subtask_requests[result.frame_index] = pending.instruction
+        self.observe(result.finished)
+        if not pending.chunks:  # engines always call back; keep the contract even if one did not
+            self.chunk_ready(pending, result.actions if index is None else result.batch_actions[index])
+        chunk = pending.chunks[0]
+        chunk.frame_index = result.frame_index
+        return FrameOutput(chunk, result, pending.prepared, pending.t_prep - pending.t0, len(pending.requests),
+                           pending.requests)
+
+
+def step_batch(runners: Sequence[FrameRunner], observations: Sequence[RawObservation | PreparedObservation], *,
+               noises: Sequence[torch.Tensor | None] | None = None, stamps_ns: Sequence[int] | None = None,
+               arrived: Sequence[float | None] | None = None) -> list[FrameOutput]:
+    """One batched engine frame for several runners that share one engine (each with its own ``owner``): runner i
+    runs ``observations[i]`` as its next frame (:meth:`FrameRunner.step`'s semantics, with ``noises[i]``), all
+    prefilled and denoised together (``Engine.step_batch``), their language requests decoded with everything in
+    flight. A runner appears at most once. Runners sharing the engine that are not in the batch should get
+    ``outputs[0].result.finished`` through :meth:`FrameRunner.observe`."""
+    if not runners or len(runners) != len(observations):
+        raise ValueError(f"{len(runners)} runners for {len(observations)} observations")
+    engine = runners[0].engine
+    if any(r.engine is not engine for r in runners) or len({id(r) for r in runners}) != len(runners):
+        raise ValueError("step_batch runs distinct runners that share one engine")
+    n = len(runners)
+    noises = noises or [None] * n
+    stamps_ns = stamps_ns or [0] * n
+    arrived = arrived or [None] * n
+    pendings = [r.begin(o, stamp_ns=s, arrived=a, noise=z)
+                for r, o, s, a, z in zip(runners, observations, stamps_ns, arrived, noises, strict=True)]
+    result = engine.step_batch([p.frame for p in pendings],
+                               on_actions=lambda i, chunks: runners[i].chunk_ready(pendings[i], chunks))
+    return [r.finish(p, result, i) for i, (r, p) in enumerate(zip(runners, pendings, strict=True))]

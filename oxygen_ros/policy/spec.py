@@ -75,6 +75,7 @@ class PolicySpec:
         rename_map: raw observation key renames applied first (LeRobot's rename_observations_processor).
         rtc: the checkpoint's real-time-chunking settings (LeRobot's ``rtc_config``; None: it has none).
         notes: what was read from where, for the log.
+        openpi_config: openpi checkpoints: the train config whose data transforms apply (pi05_libero, ...).
     """
 
     framework: str
@@ -100,6 +101,7 @@ class PolicySpec:
     rename_map: dict[str, str] = field(default_factory=dict)
     rtc: RTCConfig | None = None
     notes: tuple[str, ...] = ()
+    openpi_config: str = ""
 
     def summary(self) -> str:
         """One line for the log."""

@@ -18,11 +18,11 @@ from oxygen_ros.engine.config import CAMERA_SLOTS
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.lora import LoraAdapter
 from oxygen_ros.engine.observation import Observation
-from oxygen_ros.engine.precision import PRECISIONS
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.engine.rtc import RTCConfig
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
 from oxygen_ros.policy import Policy, SpecOptions, load_policy
+from oxygen_ros.policy.device import resolve_device, resolve_precision
 from oxygen_ros.policy.policy import with_action_dims
 from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
@@ -50,37 +50,6 @@ class LoadedPolicy:
         if self.temp_dir is not None:
             shutil.rmtree(self.temp_dir, ignore_errors=True)
             self.temp_dir = None
-
-
-def resolve_precision(device: torch.device, dtype: str) -> str:
-    """The precision policy (``oxygen_ros.engine.precision.PRECISIONS``) of the ``dtype`` parameter on ``device``:
-    'auto' is openpi's on CUDA (``bfloat16_islands``, what its ``create_trained_policy`` applies even to fp32
-    checkpoints) and float32 elsewhere."""
-    if dtype == "auto":
-        return "bfloat16_islands" if device.type == "cuda" else "float32"
-    return dtype
-
-
-def resolve_device(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    """'auto' -> cuda when available; the compute dtype of ``dtype`` (:func:`resolve_precision`; 'auto' ->
-    bfloat16 on cuda, float32 elsewhere).
-
-    Raises:
-        ValueError: an unknown dtype, or a CUDA/MPS device that is not available.
-    """
-    if dtype != "auto" and dtype not in PRECISIONS:
-        raise ValueError(f"dtype must be auto or one of {sorted(PRECISIONS)}, got {dtype!r}")
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(f"device: {device} requested but CUDA is not available (use device:=cpu)")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ValueError(f"device: {device} does not exist ({torch.cuda.device_count()} CUDA device(s))")
-    if dev.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError("device: mps requested but not available")
-    return dev, PRECISIONS[resolve_precision(dev, dtype)]
 
 
 def _generate_random_tiny(p: NodeParams) -> Path:

@@ -18,11 +18,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.rtc import GUIDANCES as RTC_GUIDANCES
 from oxygen_ros.engine.rtc import SCHEDULES as RTC_SCHEDULES
-from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
-from oxygen_ros.policy.runner import TRIGGERS
+from oxygen_ros.engine.tokenizer import CUSTOM_TASK
+from oxygen_ros.policy.options import NORMALIZATIONS, REQUEST_TASKS, StreamParams, param, shared
 
 from .limits import LIMIT_POLICIES
 
@@ -46,11 +45,8 @@ __all__ = [
     "validate",
 ]
 
-NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
 EMBEDDED_MODELS = ("toy", "random_tiny")
 RELIABILITIES = ("best_effort", "reliable")
-DTYPES = ("auto", "float32", "bfloat16", "bfloat16_islands", "float16")
-REQUEST_TASKS = (*LANGUAGE_TEMPLATES, CUSTOM_TASK)
 DEFAULT_CAMERA_TOPIC = "/cameras/{name}/image_raw"
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 _KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": "str[]",
@@ -63,14 +59,6 @@ class ParamError(ValueError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid parameters:\n  - " + "\n  - ".join(self.problems))
-
-
-def param(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
-          positive: bool = False, ros_name: str | None = None) -> Any:
-    """A :class:`NodeParams` field: default, help text and the checks :func:`validate` applies to it alone.
-    ``ros_name``: the parameter's name when it is not the field's (a group's ``<group>.<name>``, e.g. ``ask.*``)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
-                                            "positive": positive, "ros_name": ros_name})
 
 
 @dataclass(frozen=True)
@@ -100,35 +88,6 @@ STREAM_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
 @dataclass(frozen=True)
-class StreamParams:
-    """One language stream's parameters (``<name>.<field>``); each field is declared per listed stream."""
-
-    name: str = field(default="", metadata={"help": "", "choices": None, "minimum": None, "positive": False})
-    task: str = param('',
-        "memory | narration | subtask | custom; '' = the stream's name when it names a task, else custom.",
-        choices=('', *REQUEST_TASKS))
-    prompt: str = param('',
-        "Prompt template fed after the shared prefix ({instruction} is replaced); '' = the task's built-in "
-        'prompt (required for custom).')
-    every_n_frames: int = param(0, 'A request every n-th processed frame (0: not frame-counted).', minimum=0)
-    period_s: float = param(0.0,
-        "A request when this much observation time passed since the stream's last one (0: not timed).",
-        minimum=0.0)
-    trigger: str = param('periodic',
-        'periodic (every_n_frames and / or period_s) | on_instruction_change (one request per new instruction) | '
-        'continuous (the next request on the frame after the last one finished).',
-        choices=TRIGGERS)
-    max_new_tokens: int = param(0, 'Tokens per request; 0 = max_new_tokens (and at most it).', minimum=0)
-    priority: int = param(0,
-        'Streams due on the same frame are admitted highest first (a full pool with reject_newest refuses the '
-        "lowest); with k_auto the frame's spare decode time goes to higher priorities first (every request "
-        'still advances each frame).')
-    adapter: str = param('',
-        "PEFT LoRA directory (suffix-only, language rows) this stream's requests decode with; '' = none. Rows "
-        'of different adapters share one batched forward.')
-
-
-@dataclass(frozen=True)
 class NodeParams:
     """Validated parameter values. Each field is one node parameter (see :func:`param`)."""
 
@@ -139,74 +98,37 @@ class NodeParams:
         "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on the tabletop world,"
         " see oxygen_ros.sim); or 'random_tiny': generate a tiny random pi0.5 and tokenizer into a "
         'temporary directory (demos, tests).')
-    checkpoint_path: str = param('',
-        'Checkpoint directory as LeRobot (config.json + policy_*processor.json) or openpi (model.safetensors '
-        "+ assets/<asset_id>/) save it, or this package's layout.")
-    tokenizer_path: str = param('',
-        "SentencePiece model file or directory; '' = the checkpoint's own (ours), its recorded tokenizer name"
-        ' (LeRobot), required for openpi.')
-    asset_id: str = param('', "openpi: which assets/<asset_id>/norm_stats.json; '' = the only one present.")
-    openpi_config: str = param('',
-        'openpi: the train config whose data transforms apply (pi05_libero | pi05_droid | pi05_aloha | '
-        "generic); '' = known from the asset id, else generic.")
-    norm_stats_path: str = param('',
-        "openpi / ours: an openpi-format norm_stats.json to use instead of the checkpoint's (not for LeRobot "
-        'checkpoints, whose processor files are read).')
-    normalization: str = param('auto',
-        "auto (the checkpoint's normalisation) | none (run unnormalised on purpose) | quantile | mean_std "
-        '(override, openpi / ours only).', choices=NORMALIZATIONS)
-    device: str = param('auto', 'auto (cuda if available) | cpu | cuda | cuda:N | mps.')
-    dtype: str = param('auto',
-        "auto (bfloat16_islands on cuda, float32 otherwise) | float32 | bfloat16 | bfloat16_islands (openpi's "
-        'mixed precision: bf16 weights and KV, norms / adaRMS dense / SigLIP embeddings / action and time '
-        'projections in fp32) | float16.', choices=DTYPES)
-    torch_threads: int = param(0, "torch CPU threads; 0 keeps torch's default.", minimum=0)
-    seed: int = param(0, 'torch seed for the flow-matching noise (reproducible runs).', minimum=0)
+    checkpoint_path: str = shared('checkpoint_path')
+    tokenizer_path: str = shared('tokenizer_path')
+    asset_id: str = shared('asset_id')
+    openpi_config: str = shared('openpi_config')
+    norm_stats_path: str = shared('norm_stats_path')
+    normalization: str = shared('normalization')
+    device: str = shared('device')
+    dtype: str = shared('dtype')
+    torch_threads: int = shared('torch_threads')
+    seed: int = shared('seed')
     # --- engine
-    mode: str = param('oxygen',
-        'Engine: oxygen (shared prefill + cross-frame batched decoding) | shared_kv (shared prefill, decode '
-        'to completion) | isolated (openpi-style second prefill).', choices=NODE_MODES)
-    num_steps: int = param(0,
-        "S: flow-matching denoise steps per action chunk; 0 = the checkpoint's (LeRobot num_inference_steps, "
-        'else 10).', minimum=0)
+    mode: str = shared('mode')
+    num_steps: int = shared('num_steps')
     action_horizon: int = param(0,
         'H: the checkpoint decides the chunk length; 0 accepts it, any other value must equal it (a check, '
         'never an override).', minimum=0)
-    actions_per_chunk: int = param(0,
-        "Actions of each chunk to publish for execution (LeRobot's n_action_steps); 0 = the checkpoint's "
-        'n_action_steps (openpi / ours: the whole chunk).', minimum=0)
-    max_new_tokens: int = param(30,
-        'N: tokens generated per language request (the longest a stream may ask for: the KV pool is sized '
-        'for it).', minimum=1)
-    k: int = param(5, 'Per-frame decode budget (tokens per request per frame, oxygen mode).', minimum=1)
+    actions_per_chunk: int = shared('actions_per_chunk')
+    max_new_tokens: int = shared('max_new_tokens')
+    k: int = shared('k')
     k_auto: bool = param(False,
         'Pick k every frame so the frame fits the control period (deadline = 1 / control_rate_hz).')
-    language_streams: tuple[str, ...] = param((),
-        'Language streams (plugin-list style: each is configured by <name>.task, .prompt, .every_n_frames, '
-        ".period_s, .trigger, .max_new_tokens, .priority); [] = one stream from request_task, "
-        'request_every_n_frames and request_prompt.')
-    request_every_n_frames: int = param(1,
-        'Start a language request every n-th processed frame; 0 disables language (the one-stream shorthand, '
-        'like request_task and request_prompt: ignored when language_streams is set).',
-        minimum=0)
-    request_task: str = param('memory', 'Language task: memory | narration | subtask | custom.', choices=REQUEST_TASKS)
-    request_prompt: str = param('',
-        "Prompt template fed after the shared prefix ({instruction} is replaced); '' uses the task's built-in"
-        ' prompt (required for custom).')
-    max_prompt_tokens: int = param(16, 'Longest request prompt in tokens (longer prompts are cut).', minimum=1)
-    max_inflight: int = param(32, 'Bound on unfinished language requests (KV slots).', minimum=1)
-    subtask_conditioning: str = param('',
-        "Name of a language stream (normally task subtask) whose latest finished output enters the action "
-        "prompt of later frames (pi0.5 two-stage form: '...;\\nSubtask: <text>;\\nAction: '); '' = off.")
-    speculate: int = param(0,
-        "d: exact speculative decoding, up to d draft tokens per request and decode forward from its stream's "
-        'last finished output (outputs identical to plain decoding); 0 = off.', minimum=0)
-    overflow: str = param('reject_newest',
-        'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
-    graphs: str = param('off',
-        'Static-shape prefill, denoise loop and decode steps: off (eager, the reference) | auto (captured CUDA '
-        'graphs on cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static. '
-        'LoRA and speculative forwards stay eager.', choices=GRAPH_BACKENDS)
+    language_streams: tuple[str, ...] = shared('language_streams')
+    request_every_n_frames: int = shared('request_every_n_frames')
+    request_task: str = shared('request_task')
+    request_prompt: str = shared('request_prompt')
+    max_prompt_tokens: int = shared('max_prompt_tokens')
+    max_inflight: int = shared('max_inflight')
+    subtask_conditioning: str = shared('subtask_conditioning')
+    speculate: int = shared('speculate')
+    overflow: str = shared('overflow')
+    graphs: str = shared('graphs')
     # --- inputs
     camera_names: tuple[str, ...] = param((),
         'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '
@@ -259,25 +181,14 @@ class NodeParams:
         'Serve the ~/ask action: a question answered from the current observation, decoded batched with the '
         'language streams; feedback every frame, the answer also on ~/language_output (stream ask).',
         ros_name='ask.enabled')
-    ask_max_new_tokens: int = param(0,
-        'Tokens of an answer whose goal asks for 0; 0 = max_new_tokens. A goal asking for more than '
-        'max_new_tokens is aborted.', minimum=0, ros_name='ask.max_new_tokens')
+    ask_max_new_tokens: int = shared('ask_max_new_tokens')
     ask_max_pending: int = param(4,
         'Goals in progress (queued or decoding) at most; more are rejected. An answer needs a free KV slot '
         '(max_inflight) when its frame comes, else it is aborted (pool full).', minimum=1,
         ros_name='ask.max_pending')
-    ask_max_question_chars: int = param(1000,
-        'Goals with a longer question or prompt are rejected. The question template must also fit '
-        'ask.max_prompt_tokens, else the goal is aborted (prompt too long).', minimum=1,
-        ros_name='ask.max_question_chars')
-    ask_max_prompt_tokens: int = param(48,
-        'Longest question prompt in tokens ("Question: <question>\\nAnswer: "); with ask.enabled the KV pool is '
-        'sized for max(max_prompt_tokens, this). Longer questions are aborted with the reason.', minimum=1,
-        ros_name='ask.max_prompt_tokens')
-    ask_priority: int = param(10,
-        'Admission priority of a question among the stream requests due on the same frame (streams: their '
-        '<name>.priority, 0 by default; ties: streams first); with k_auto its rows get spare decode steps first.',
-        ros_name='ask.priority')
+    ask_max_question_chars: int = shared('ask_max_question_chars')
+    ask_max_prompt_tokens: int = shared('ask_max_prompt_tokens')
+    ask_priority: int = shared('ask_priority')
     # --- real-time chunking (oxygen_ros/engine/rtc.py): each chunk continues the one the robot is executing
     rtc_enabled: bool = param(False,
         "Guide each chunk's denoise toward the remainder of the last published chunk (Black et al. 2025): the "

@@ -146,7 +146,7 @@ def read_openpi(directory: Path, options: SpecOptions, model_image_size: int) ->
         n_action_steps=int(horizon), state_norm=state_norm, action_norm=action_norm,
         state_in_prompt=preset.state_in_prompt, delta_mask=preset.delta_mask, robot_adapter=preset.adapter,
         tokenizer=tokenizer, max_token_len=200, time_schedule="accumulate", default_cameras=preset.cameras,
-        notes=tuple(notes))
+        notes=tuple(notes), openpi_config=preset.name)
     overrides = {"camera_names": OPENPI_SLOTS, "action_horizon": int(horizon), "max_token_len": 200,
                  "time_schedule": "accumulate"}
     return spec, overrides

@@ -1,0 +1,199 @@
+"""``oxygen-serve``'s options: the node's checkpoint, engine, language-stream and question options (from their one
+definition, :class:`~oxygen_ros.policy.options.RunnerParams`) as flags, plus the server's own; and the server they
+describe.
+
+A shared option ``checkpoint_path`` is the flag ``--checkpoint-path`` (``--checkpoint`` too), ``ask_priority`` is
+``--ask-priority``; a stream's fields are ``--stream NAME.FIELD=VALUE`` (``--stream memory.every_n_frames=2``).
+``--config FILE`` reads a node parameter file (``config/*.yaml``: its ``ros__parameters``): the shared options in it
+are the defaults the flags override; the node's other parameters (cameras, joints, rates) are ignored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+
+from oxygen_ros.engine.engine import EngineConfig, build_engine
+from oxygen_ros.engine.modes import NODE_MODES
+from oxygen_ros.engine.tokenizer import CUSTOM_TASK
+from oxygen_ros.policy import SpecOptions, load_policy
+from oxygen_ros.policy.device import resolve_device, resolve_precision
+from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
+from oxygen_ros.policy.runner import LanguageSchedule
+
+from .keys import KEY_MAPS, key_map_for
+from .server import PolicyServer
+from .sessions import QuestionConfig, SessionPool
+
+__all__ = ["build_parser", "build_server", "runner_params"]
+
+log = logging.getLogger(__name__)
+_FIELDS = {f.name: f for f in dataclasses.fields(RunnerParams)}
+_STREAM_FIELDS = {f.name: f for f in dataclasses.fields(StreamParams) if f.name != "name"}
+
+
+def _checked(f: dataclasses.Field, kind: str) -> Any:
+    """An argparse ``type`` converting to the field's type and applying its ``minimum`` / ``positive`` checks."""
+    convert = {"int": int, "float": float, "str": str}[kind]
+
+    def parse(text: str) -> Any:
+        value = convert(text)
+        lo, positive = f.metadata.get("minimum"), f.metadata.get("positive")
+        if lo is not None and value < lo or positive and not value > 0:
+            raise argparse.ArgumentTypeError(f"must be {'> 0' if positive else f'>= {lo}'}; got {value}")
+        return value
+
+    parse.__name__ = kind
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (the shared options first, then the server's)."""
+    ap = argparse.ArgumentParser(prog="oxygen-serve", description=(
+        "Serve a pi0.5 checkpoint over openpi's websocket policy protocol (openpi_client.WebsocketClientPolicy "
+        "clients run unchanged); several clients are batched, and responses may carry language outputs and "
+        "answers."), formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--config", type=Path, help="node parameter file (config/*.yaml): its shared options become "
+                                                "the defaults")
+    shared = ap.add_argument_group("checkpoint, engine and language (the node's parameters of the same names)")
+    for f in _FIELDS.values():
+        flag = "--" + f.name.replace("_", "-")
+        names = [flag, "--checkpoint"] if f.name == "checkpoint_path" else [flag]
+        kind = str(f.type)
+        help_text = f.metadata["help"].replace("%", "%%")
+        if kind == "bool":
+            shared.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
+                                help=help_text)
+        elif kind.startswith("tuple"):
+            shared.add_argument(*names, dest=f.name, nargs="*", default=list(f.default), help=help_text)
+        else:
+            choices = f.metadata.get("choices")
+            if f.name == "mode":
+                choices = NODE_MODES
+            shared.add_argument(*names, dest=f.name, type=_checked(f, kind), choices=choices, default=f.default,
+                                help=help_text)
+    shared.add_argument("--stream", action="append", default=[], metavar="NAME.FIELD=VALUE",
+                        help="a language stream's field (" + ", ".join(_STREAM_FIELDS) + ")")
+    srv = ap.add_argument_group("server")
+    srv.add_argument("--host", default="0.0.0.0")
+    srv.add_argument("--port", type=int, default=8000, help="0: any free port")
+    srv.add_argument("--api-key", default="", help="require openpi-client's API key header ('' = open)")
+    srv.add_argument("--keys", default="auto", choices=("auto", *KEY_MAPS),
+                     help="observation key map; auto: the checkpoint's openpi robot (libero, droid, aloha), else "
+                          "generic")
+    srv.add_argument("--default-prompt", default="", help="prompt of requests without one ('' = required)")
+    srv.add_argument("--metadata", default=None, help="JSON map sent on connect (default: the key map's)")
+    srv.add_argument("--serial", action="store_true",
+                     help="openpi-style: each request alone, inside the event loop (a baseline)")
+    srv.add_argument("--batch-window-ms", type=float, default=5.0,
+                     help="a batch starts at most this long after its first request arrived")
+    srv.add_argument("--max-batch", type=int, default=16, help="observations per batched frame at most")
+    srv.add_argument("--max-message-mb", type=float, default=0.0, help="largest request (0: no limit, as openpi)")
+    srv.add_argument("--log-level", default="INFO")
+    return ap
+
+
+def _config_defaults(path: Path) -> dict[str, Any]:
+    """The shared options (and stream fields) of a node parameter file."""
+    data = yaml.safe_load(path.read_text()) or {}
+    values = next((v.get("ros__parameters", {}) for v in data.values() if isinstance(v, Mapping)), {})
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        if name in _FIELDS:
+            out[name] = list(value) if isinstance(value, list | tuple) else value
+        elif name == "ask" and isinstance(value, Mapping):
+            out.update({f"ask_{k}": v for k, v in value.items() if f"ask_{k}" in _FIELDS})
+    streams = [f"{n}.{k}={v}" for n in out.get("language_streams", []) if isinstance(values.get(n), Mapping)
+               for k, v in values[n].items()]
+    return out | ({"stream": streams} if streams else {})
+
+
+def runner_params(args: argparse.Namespace) -> tuple[RunnerParams, tuple[StreamParams, ...]]:
+    """The shared options and the language streams the flags describe.
+
+    Raises:
+        ValueError: a malformed ``--stream``, an unknown stream or field, a stream whose task needs a prompt.
+    """
+    p = RunnerParams(**{n: tuple(getattr(args, n)) if isinstance(getattr(args, n), list) else getattr(args, n)
+                        for n in _FIELDS})
+    if not p.language_streams:
+        if p.request_every_n_frames == 0:
+            return p, ()
+        return p, (StreamParams(p.request_task, p.request_task, p.request_prompt, p.request_every_n_frames),)
+    fields: dict[str, dict[str, Any]] = {n: {} for n in p.language_streams}
+    for item in args.stream:
+        key, sep, value = item.partition("=")
+        name, dot, field_name = key.partition(".")
+        if not sep or not dot:
+            raise ValueError(f"--stream {item!r}: expected NAME.FIELD=VALUE")
+        if name not in fields:
+            raise ValueError(f"--stream {item!r}: {name!r} is not one of --language-streams {list(fields)}")
+        if field_name not in _STREAM_FIELDS:
+            raise ValueError(f"--stream {item!r}: unknown field {field_name!r} (known: {', '.join(_STREAM_FIELDS)})")
+        f = _STREAM_FIELDS[field_name]
+        try:
+            fields[name][field_name] = _checked(f, str(f.type))(str(value))
+        except (ValueError, argparse.ArgumentTypeError) as e:
+            raise ValueError(f"--stream {item!r}: {e}") from e
+    streams = []
+    for name, got in fields.items():
+        s = StreamParams(name=name, **got)
+        s = dataclasses.replace(s, task=s.task or (name if name in REQUEST_TASKS else CUSTOM_TASK))
+        if s.adapter:
+            raise ValueError(f"--stream {name}.adapter: LoRA streams are not served yet (the node runs them)")
+        streams.append(s)
+    return p, tuple(streams)
+
+
+def build_server(args: argparse.Namespace) -> PolicyServer:
+    """Load the checkpoint and build the server the parsed flags describe.
+
+    Raises:
+        ValueError, FileNotFoundError, PolicyConfigError: naming the flag or file.
+    """
+    p, stream_params = runner_params(args)
+    if not p.checkpoint_path:
+        raise ValueError("--checkpoint: required")
+    if p.torch_threads:
+        torch.set_num_threads(p.torch_threads)
+    device, dtype = resolve_device(p.device, p.dtype)
+    options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
+    policy = load_policy(p.checkpoint_path, options, dtype=dtype, device=device,
+                         precision=resolve_precision(device, p.dtype))
+    log.info(policy.spec.summary())
+    tok = policy.tokenizer
+    engine_config = EngineConfig(mode=p.mode, num_steps=p.num_steps or policy.model.config.num_steps, k=p.k,
+                                 max_inflight=p.max_inflight, overflow=p.overflow, max_new_tokens=p.max_new_tokens,
+                                 max_prompt_tokens=max(p.max_prompt_tokens, p.ask_max_prompt_tokens),
+                                 eos_id=tok.eos_id, speculate=p.speculate, graphs=p.graphs)
+    engine_config.validate()
+    streams = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
+                                p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority)
+               for s in stream_params]
+    questions = QuestionConfig(p.ask_max_new_tokens or p.max_new_tokens, p.ask_max_prompt_tokens,
+                               p.ask_max_question_chars, p.ask_priority)
+    pool = SessionPool(policy, lambda: build_engine(policy.model, engine_config, detokenize=tok.decode), streams,
+                       seed=p.seed, n_execute=p.actions_per_chunk or None, condition_on=p.subtask_conditioning,
+                       questions=questions,
+                       key_map=key_map_for(args.keys, policy.spec), default_prompt=args.default_prompt)
+    metadata = json.loads(args.metadata) if args.metadata else None
+    return PolicyServer(pool, host=args.host, port=args.port, api_key=args.api_key or None, metadata=metadata,
+                        serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
+                        max_message_bytes=int(args.max_message_mb * 2**20) or None)
+
+
+def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """Parse the command line, a ``--config`` file's shared options as the defaults."""
+    ap = build_parser()
+    first, _ = ap.parse_known_args(argv)
+    if first.config is not None:
+        ap.set_defaults(**_config_defaults(first.config))
+    return ap.parse_args(argv)
