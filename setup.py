@@ -26,7 +26,7 @@ setup(
                                                                     "norm_stats.json", "tokenizer.model",
                                                                     "README.md")]},
     install_requires=["torch>=2.5", "numpy", "safetensors", "sentencepiece", "transformers", "tqdm"],
-    extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml"],
+    extras_require={"ros": ["rosbags", "opencv-python-headless<5", "cv-bridge", "pyyaml", "urdf-parser-py"],
                     "ray": ["ray>=2.40"]},  # fleet evaluation on a Ray cluster (oxygen-evaluate-bag over many bags)
     zip_safe=False,
     maintainer="oxygen_ros developers",

@@ -59,7 +59,9 @@ def main(args: list[str] | None = None) -> int:
         pass
     executor.shutdown(timeout_sec=30.0)
     spinner.join(timeout=5.0)
-    node.release()
+    # a running frame gets a few seconds to end; a hung one (past watchdog_s) none: it cannot be interrupted, and
+    # its daemon thread ends with the process
+    node.release(timeout_s=3.0)
     node.destroy_node()
     rclpy.try_shutdown()
     # Shut down: a further SIGINT/SIGTERM (a terminal's Ctrl-C reaches every process of the group and `ros2 launch`

@@ -16,6 +16,9 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   out  ~/trajectory         trajectory_msgs/JointTrajectory (publish_trajectory; remap to a controller), stamped
                             with the observation time, points already in the past dropped
   out  /diagnostics         diagnostic_msgs/DiagnosticArray, 1 Hz
+  srv  ~/enable             std_srvs/SetBool: publish chunks or not (start_enabled); see action_guard.py
+  in   ~/halt               std_msgs/Bool: no chunk while true (transient-local and volatile subscriptions)
+  in   robot_description    std_msgs/String, transient local: the URDF whose joint limits bound the actions
   act  ~/ask                oxygen_ros/action/Ask (ask.enabled): a question answered from the current observation,
                             decoded with the language streams (feedback every frame; the answer also on
                             ~/language_output, stream ask); see ask_server.py
@@ -49,7 +52,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from diagnostic_msgs.msg import DiagnosticArray
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
@@ -63,8 +66,10 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
+from .action_guard import ActionGuard, limit_parameters
 from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
+from .fault_injection import install_from_env
 from .model_loader import (
     LoadedPolicy,
     action_period_s,
@@ -76,6 +81,7 @@ from .model_loader import (
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
 from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
+from .safety import FaultCounter
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
 
@@ -86,7 +92,8 @@ TRAJECTORY_TOPIC = "~/trajectory"
 DIAGNOSTICS_TOPIC = "/diagnostics"
 # Overrides that rclpy or rcl handle themselves: not reported as unknown parameters.
 _BUILTIN_PARAMS = ("use_sim_time", "start_type_description_service")
-SUCCESS, FAILURE = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE
+SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
+    TransitionCallbackReturn.ERROR
 LATE_TICK_S = 0.005  # a tick noticed this long after it fired waited for a frame: it may be skipped
 
 
@@ -114,8 +121,13 @@ class OxygenNode(LifecycleNode):
         self._steady = Clock(clock_type=ClockType.STEADY_TIME)
         self._engine_lock = threading.Lock()
         self._state = "unconfigured"
+        self._faults = FaultCounter()  # survives the error processing: /diagnostics reports the last fault
+        self._fault_pending = False
+        self._stuck_worker: threading.Thread | None = None  # a frame that did not end when processing stopped
         self._reset_runtime()
         self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
+        self._supervisor = self.create_timer(0.05, self._safe(self._supervise, "supervisor"),
+                                             MutuallyExclusiveCallbackGroup(), clock=self._steady)
         self._diag_timer = self.create_timer(1.0, self._safe(self._publish_diagnostics), self._diag_group,
                                              clock=self._steady)
         autostart = self.get_parameter("autostart").value
@@ -142,6 +154,7 @@ class OxygenNode(LifecycleNode):
         self._frame_began = 0.0  # time.perf_counter() when the running frame began building its observation
         self._rtc_guided = 0  # chunks real-time chunking guided
         self._rtc_last_guided = False
+        self._guard: ActionGuard | None = None  # limits, ~/enable, ~/halt, the watchdog (README "Safety")
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -174,6 +187,7 @@ class OxygenNode(LifecycleNode):
     def _configure(self) -> None:
         values = {spec.name: self.get_parameter(spec.name).value for spec in PARAMS}
         values.update(self._stream_parameters(values["language_streams"]))
+        values.update(limit_parameters(self))
         unknown = sorted(set(getattr(self, "_parameter_overrides", {})) - set(values) - set(_BUILTIN_PARAMS))
         unknown = [u for u in unknown if not u.startswith("qos_overrides.")]
         if unknown:
@@ -201,6 +215,10 @@ class OxygenNode(LifecycleNode):
         if p.ask_enabled:  # goals are accepted while active
             self._ask = AskServer(self, self._runner, p, lambda: self._state == "active",
                                   self.stats.rejected_inputs.add)
+        self._guard = ActionGuard(self, p, loaded.action_names, self.stats)
+        self._faults.reset(p.max_consecutive_faults)
+        self._fault_pending = False
+        install_from_env(self._runner, loaded.policy.model, self.get_logger().warning)  # tests only (unset: no-op)
 
     def _stream_parameters(self, streams: Any) -> dict[str, Any]:
         """Declare (once) and read the ``<stream>.<field>`` parameters of the listed language streams (the
@@ -218,6 +236,18 @@ class OxygenNode(LifecycleNode):
                 values[name] = self.get_parameter(name).value
         return values
 
+    def _supervise(self) -> None:
+        """Steady-clock timer: report a frame that exceeds the watchdog, and start the error processing after
+        max_consecutive_faults failing frames (from the executor: the inference thread cannot stop itself)."""
+        guard = self._guard
+        if guard is not None:
+            guard.check_watchdog()
+        if self._fault_pending and self._state == "active":
+            self._fault_pending = False
+            self.get_logger().error(f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
+                                    f"{self._faults.limit}), last: {self._faults.last}; going to error processing")
+            self.trigger_deactivate()  # on_deactivate returns ERROR: ErrorProcessing, on_error releases
+
     def _start_processing(self, p: NodeParams) -> None:
         """Inputs, subscriptions, the inference thread and the control timer (created on activate, as yolo_ros
         and ros2/demos lifecycle_py do: an inactive node neither receives nor decodes anything)."""
@@ -226,7 +256,8 @@ class OxygenNode(LifecycleNode):
         policy = self._loaded.policy
         self._store = store = InputStore(p.camera_names, p.joint_names, self.stats.rejected_inputs,
                                          p.max_image_pixels, instruction_char_cap(p, policy), instruction,
-                                         node_clock_ns=lambda: self.get_clock().now().nanoseconds)
+                                         node_clock_ns=lambda: self.get_clock().now().nanoseconds,
+                                         max_image_age_s=p.max_image_age_s)
         self._builder = ObservationBuilder(store, policy, p.max_image_age_s, p.max_joint_age_s,
                                            max_camera_skew_s=p.max_camera_skew_s)
         reliability = ReliabilityPolicy.BEST_EFFORT if p.camera_reliability == "best_effort" \
@@ -289,9 +320,11 @@ class OxygenNode(LifecycleNode):
                                                  event_callbacks=events))
         return subs
 
-    def _stop_processing(self) -> None:
+    def _stop_processing(self, timeout_s: float = 60.0) -> bool:
         """Stop the timer and the inference thread (after its running frame), destroy the subscriptions and drop
-        the inputs; in-flight language requests are dropped with them (a fresh engine serves the next activation)."""
+        the inputs; in-flight language requests are dropped with them (a fresh engine serves the next activation).
+        False when the running frame has not ended after ``timeout_s`` (hung): then nothing else is touched, and
+        later calls do not wait for that frame again."""
         if self._control_timer is not None:
             self._control_timer.cancel()
         worker = self._worker
@@ -299,7 +332,13 @@ class OxygenNode(LifecycleNode):
             self._worker_stop.set()
             self._tick.set()
             if worker is not threading.current_thread():
-                worker.join(timeout=60.0)
+                worker.join(timeout=0.0 if worker is self._stuck_worker else timeout_s)
+                if worker.is_alive():
+                    if worker is not self._stuck_worker:
+                        self.get_logger().error(f"the running frame did not end within {timeout_s:g} s (hung?): "
+                                                "the model it uses is not released")
+                    self._stuck_worker = worker
+                    return False
         with self._engine_lock:
             if self._control_timer is not None:
                 self.destroy_timer(self._control_timer)
@@ -314,6 +353,7 @@ class OxygenNode(LifecycleNode):
                 self._ask.abort_all("the node stopped processing (deactivated)")
             if self._runner is not None and self._runner.backlog:
                 self._runner.reset()
+        return True
 
     def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
         try:
@@ -328,8 +368,12 @@ class OxygenNode(LifecycleNode):
         return super().on_activate(state)
 
     def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
-        self._stop_processing()
+        if not self._stop_processing():
+            return FAILURE  # a hung frame: still active (its chunk will not be published, see watchdog_s)
         self._state = "inactive"
+        if self._faults.tripped:  # max_consecutive_faults: on to ErrorProcessing (on_error releases everything)
+            super().on_deactivate(state)
+            return ERROR
         self.get_logger().info("deactivated: subscriptions and timer destroyed, model kept")
         return super().on_deactivate(state)
 
@@ -348,13 +392,17 @@ class OxygenNode(LifecycleNode):
         self._release()
         return SUCCESS
 
-    def _release(self) -> None:
-        """Stop processing, then drop publishers, runner, engine and model."""
-        self._stop_processing()
+    def _release(self, timeout_s: float = 60.0) -> bool:
+        """Stop processing, then drop publishers, runner, engine and model. False (nothing released) when the
+        running frame did not end within ``timeout_s``."""
+        if not self._stop_processing(timeout_s):
+            return False
         with self._engine_lock:
             for pub in (self._action_pub, self._language_pub, self._trajectory_pub, *self._stream_pubs.values()):
                 if pub is not None:
                     self.destroy_lifecycle_publisher(pub)
+            if self._guard is not None:
+                self._guard.destroy()
             if self._ask is not None:
                 self._ask.destroy()
             if self._runner is not None:
@@ -366,14 +414,18 @@ class OxygenNode(LifecycleNode):
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+        return True
 
-    def release(self) -> None:
-        """Release everything (for shutdown paths outside the lifecycle, e.g. SIGINT)."""
-        self._release()
+    def release(self, timeout_s: float = 60.0) -> bool:
+        """Release everything (for shutdown paths outside the lifecycle, e.g. SIGINT), waiting at most
+        ``timeout_s`` for the running frame, and not at all when the watchdog reports it past watchdog_s. False:
+        that frame still runs (hung) and keeps the model; the process can exit without it."""
+        guard = self._guard
+        return self._release(0.0 if guard is not None and guard.watchdog.tripped else timeout_s)
 
     def destroy_node(self) -> None:
         """Release the model (and a generated model's temporary directory), then destroy the node."""
-        self._release()
+        self.release()
         super().destroy_node()
 
     # ------------------------------------------------------------------------------------------ control frame
@@ -429,11 +481,15 @@ class OxygenNode(LifecycleNode):
             self._cut_instruction = built.instruction
             self.stats.rejected_inputs.add("instruction_truncated", f"{len(built.instruction)} chars do not fit "
                                            "the model's prompt beside the state; the instruction is cut to fit")
+        if self._faults.tripped:
+            return  # max_consecutive_faults reached: the error processing is on its way
+        self._guard.frame_began()
         try:
             out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
                                     instruction=built.instruction, on_chunk=self._publish_actions,
                                     clock_ns=lambda: self.get_clock().now().nanoseconds, deadline=deadline)
         except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
+            self._guard.frame_ended()
             if not self.context.ok():
                 return  # shutting down
             self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
@@ -441,7 +497,10 @@ class OxygenNode(LifecycleNode):
             if self._ask is not None:
                 self._ask.abort_all(f"the frame failed: {type(e).__name__}: {e}")
             self._runner.reset()
+            self._fault_pending |= self._faults.failure(e)  # the supervisor starts the error processing
             return
+        self._guard.frame_ended()
+        self._faults.success()
         result = out.result
         overrun = None if deadline is None else time.perf_counter() - deadline
         self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
@@ -460,13 +519,16 @@ class OxygenNode(LifecycleNode):
 
     def _publish_actions(self, chunk: ChunkOutput) -> None:
         """Publish the chunk's executable actions from the first one not already committed (called before any
-        language work of the frame)."""
+        language work of the frame), once they passed the limits, the age limit and the gate (ActionGuard)."""
         self._action_path_s.append(time.perf_counter() - self._frame_began)
         self._rtc_guided += chunk.guided
         self._rtc_last_guided = chunk.guided
         p, names = self.params, self._loaded.action_names
         dt = action_period_s(p, chunk.actions.shape[0])
-        actions = chunk.published
+        actions = self._guard.admit(chunk, chunk.published, dt, self.get_clock().now().nanoseconds, self._store)
+        if actions is None:
+            self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
+            return
         self._action_pub.publish(make_action_chunk(actions, chunk.stamp_ns, chunk.frame_index, names, dt,
                                                    chunk.latency_s, subtask=chunk.subtask, first_step=chunk.start))
         if self._trajectory_pub is not None:
@@ -508,13 +570,28 @@ class OxygenNode(LifecycleNode):
             publishers = [self.count_publishers(topic) for topic in watch.topics]
             values, warnings = watch.report(store.camera_status(), publishers, self.get_clock().now().nanoseconds)
             extra.update(values)
+        if self._guard is not None:
+            extra.update(self._guard.diagnostics())
+        extra.update(self._faults.diagnostics())
         hardware = str(loaded.policy.model.device) if loaded is not None else "none"
         status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
                                    runner.backlog if runner is not None else 0, horizon, extra, warnings)
+        self._safety_status(status)
         msg = DiagnosticArray()
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.status = [status]
         self._diag_pub.publish(msg)
+
+    def _safety_status(self, status: DiagnosticStatus) -> None:
+        """ERROR after max_consecutive_faults sent the node through ErrorProcessing (until configured again);
+        else what the guard says (a frame past the watchdog, why no chunk is published)."""
+        if self._faults.tripped:
+            status.level = DiagnosticStatus.ERROR
+            status.message = (f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
+                              f"{self._faults.limit}): {self._faults.last}; released after error processing, "
+                              "configure to start again")
+        elif self._guard is not None:
+            self._guard.annotate(status, self._state == "active")
 
     def _safe(self, fn: Callable[..., Any], what: str | None = None) -> Callable[..., None]:
         """Wrap a callback so an unexpected exception is counted and logged instead of killing the executor."""
@@ -531,3 +608,11 @@ class OxygenNode(LifecycleNode):
 
         return wrapped
 
+
+if __name__ == "__main__":  # the module path documented before oxygen_ros.ros.main: still starts the node
+    import runpy
+    import sys
+
+    print("note: `python -m oxygen_ros.ros.node` is the old command; use `python -m oxygen_ros.ros` "
+          "(or `oxygen-node`, `ros2 run oxygen_ros oxygen_node`)", file=sys.stderr)
+    runpy.run_module("oxygen_ros.ros", run_name="__main__", alter_sys=True)  # exactly `python -m oxygen_ros.ros`

@@ -151,13 +151,16 @@ class InputStore:
         node_clock_ns: node time in nanoseconds, for joint ages (follows /clock in bag replay); None = ``clock``.
             When given, camera stamps more than FUTURE_TOLERANCE_S ahead of it are rejected on arrival
             (``image_from_future``); without it the builder drops them at the tick.
+        max_image_age_s: with ``node_clock_ns``, an image already older than this on arrival is rejected
+            (``image_too_old``): no frame could use it. 0 = no check.
     """
 
     def __init__(self, camera_names: Sequence[str], joint_names: Sequence[str],
                  rejected: ReasonCounter, max_image_pixels: int = 4096 * 4096, max_instruction_chars: int = 0,
                  instruction: str = "", clock: Callable[[], float] = time.monotonic,
-                 node_clock_ns: Callable[[], int] | None = None) -> None:
+                 node_clock_ns: Callable[[], int] | None = None, max_image_age_s: float = 0.0) -> None:
         self.camera_names = tuple(camera_names)
+        self.max_image_age_ns = int(max_image_age_s * 1e9)
         self.joint_names = tuple(joint_names)
         self._joint_index = {n: i for i, n in enumerate(self.joint_names)}
         self.rejected = rejected
@@ -237,6 +240,10 @@ class InputStore:
                 return self._reject("image_from_future", f"{self.camera_names[index]}: stamped {ahead / 1e9:.3f} s "
                                     "ahead of the node clock (unsynchronised clocks, or use_sim_time without "
                                     "/clock?)")
+            if self.max_image_age_ns and -ahead > self.max_image_age_ns:
+                return self._reject("image_too_old", f"{self.camera_names[index]}: {-ahead / 1e9:.3f} s old on "
+                                    f"arrival > max_image_age_s={self.max_image_age_ns / 1e9:g} (a slow transport, "
+                                    "a late replay, or unsynchronised clocks)")
         image = CameraImage(msg, compressed, stamp_ns, self._clock(), self.camera_names[index])
         with self._lock:
             self._buffers[index].append(image)
@@ -346,6 +353,12 @@ class InputStore:
         """Node-clock arrival time of each joint's newest position (0 = never)."""
         with self._lock:
             return self._joint_arrival_ns.copy()
+
+    def present_joints(self) -> tuple[np.ndarray, np.ndarray]:
+        """(each joint's newest position (NaN = never received), its node-clock arrival time), consistent."""
+        with self._lock:
+            positions = np.where(self._seen, self._positions, np.nan)
+            return positions, self._joint_arrival_ns.copy()
 
     def snapshot(self) -> tuple[list[CameraImage | None], np.ndarray, np.ndarray, str | None]:
         """(images per camera, positions, seen mask, instruction), consistent with each other."""

@@ -11,6 +11,7 @@ graph: :func:`validate` takes a plain mapping (a YAML file's ``ros__parameters``
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import string
 from collections.abc import Iterable, Mapping
@@ -22,8 +23,11 @@ from oxygen_ros.engine.rtc import SCHEDULES as RTC_SCHEDULES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.policy.options import NORMALIZATIONS, REQUEST_TASKS, StreamParams, param, shared
 
+from .limits import LIMIT_POLICIES
+
 __all__ = [
     "DEFAULT_CAMERA_TOPIC",
+    "LIMIT_FIELDS",
     "NORMALIZATIONS",
     "PARAMS",
     "PARAM_GROUPS",
@@ -35,6 +39,7 @@ __all__ = [
     "ParamError",
     "ParamSpec",
     "StreamParams",
+    "joint_limit_names",
     "markdown_table",
     "stream_param_names",
     "validate",
@@ -205,13 +210,50 @@ class NodeParams:
     rtc_delay: str = param('auto',
         "The inference delay d in actions: auto (a p90 of the recent chunk ages, observation stamp -> chunk "
         'ready, over 30 frames, rounded up) or a fixed N.', ros_name='rtc.delay')
+    # --- safety (README "Safety"): the enable gate, output limits, faults
+    start_enabled: bool = param(True,
+        'Publish action chunks from activation on; false: none until ~/enable (std_srvs/SetBool) is called with '
+        'true (a dry run until then: frames, limit checks and language run). Real robots: false.')
+    limits_policy: str = param('clamp',
+        'A chunk beyond the joint limits (URDF on limits.robot_description, limits.<joint>.min / .max / '
+        '.max_velocity): clamp (clipped to them, counted, logged once per joint) | reject (not published, counted '
+        'with the reason). Non-finite actions are never published.', choices=LIMIT_POLICIES,
+        ros_name='limits.policy')
+    limits_robot_description: str = param('robot_description',
+        'Topic of the URDF (std_msgs/String, transient local, as robot_state_publisher publishes it) whose '
+        "joint limits apply to the action names; '' = none (limits.<joint>.* parameters only).",
+        ros_name='limits.robot_description')
+    limits_required: bool = param(False,
+        'Publish no chunk while an action joint has no limit at all (no URDF yet, or action_names that are not '
+        'its joints): counted as limits_missing. Real robots: true.', ros_name='limits.required')
+    max_consecutive_faults: int = param(3,
+        'Frames in a row that raise before the node goes to the lifecycle\'s error processing (the model is '
+        'released, /diagnostics reports ERROR, configure works again); 0 = never (each is counted and the engine '
+        'reset).', minimum=0)
+    watchdog_s: float = param(0.0,
+        'A frame running longer than this is reported (logged, /diagnostics ERROR while it runs); 0 = 3 control '
+        'periods.', minimum=0.0)
+    max_chunk_age_s: float = param(0.0,
+        'A chunk whose observation is older than this when it is ready is not published (chunk_too_old); 0 = '
+        'max_image_age_s + watchdog_s.', minimum=0.0)
     extra: dict = field(default_factory=dict, compare=False)  # overrides that are not parameters
+    joint_limits: dict = field(default_factory=dict, compare=False)  # limits.<joint>.<field> overrides
     streams: tuple[StreamParams, ...] = field(default=(), compare=False)  # resolved language streams
 
     @property
     def period_s(self) -> float:
         """Control period (the frame deadline)."""
         return 1.0 / self.control_rate_hz
+
+    @property
+    def watchdog_limit_s(self) -> float:
+        """watchdog_s resolved (0: 3 control periods)."""
+        return self.watchdog_s or 3.0 * self.period_s
+
+    @property
+    def chunk_age_limit_s(self) -> float:
+        """max_chunk_age_s resolved (0: max_image_age_s + the watchdog)."""
+        return self.max_chunk_age_s or self.max_image_age_s + self.watchdog_limit_s
 
     def robot_action_names(self, dims: int) -> tuple[str, ...]:
         """Names of the ``dims`` published action dimensions: action_names, else joint_names when they have that
@@ -234,7 +276,7 @@ class NodeParams:
         return bool(self.camera_compressed[index]) if self.camera_compressed else False
 
 
-_DERIVED = ("extra", "streams")  # NodeParams fields that are not parameters
+_DERIVED = ("extra", "streams", "joint_limits")  # NodeParams fields that are not parameters
 PARAMS: tuple[ParamSpec, ...] = tuple(
     ParamSpec(f.metadata["ros_name"] or f.name, _KINDS[str(f.type)], f.default, f.metadata["help"],
               f.metadata["choices"], f.metadata["minimum"], f.metadata["positive"], attr=f.name)
@@ -308,6 +350,44 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
     if conditioned and conditioned not in names:
         problems.append(f"subtask_conditioning: {conditioned!r} is not one of language_streams {list(names)}")
     return tuple(streams), problems
+
+
+LIMIT_FIELDS = ("min", "max", "max_velocity")  # limits.<joint>.<field>
+
+
+def joint_limit_names(values: Mapping[str, Any]) -> list[str]:
+    """The ``limits.<joint>.<field>`` names among ``values`` (flat ROS names; fields unchecked)."""
+    return [k for k in values if k.startswith("limits.") and k.count(".") >= 2]
+
+
+def _joint_limits(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """``{joint: {field: value}}`` from the ``limits.<joint>.<field>`` values (ROS's flat names, or a YAML file's
+    nested ``limits: {<joint>: {<field>: value}}``), and the problems found."""
+    raw: dict[tuple[str, str], Any] = {}
+    for name in joint_limit_names(values):
+        joint, field_name = name[len("limits."):].rsplit(".", 1)
+        raw[(joint, field_name)] = values[name]
+    nested = values.get("limits")
+    if isinstance(nested, Mapping):
+        for joint, fields in nested.items():
+            if isinstance(fields, Mapping):
+                raw.update({(str(joint), str(k)): v for k, v in fields.items()})
+    out: dict[str, dict[str, float]] = {}
+    problems = []
+    for (joint, field_name), value in raw.items():
+        name = f"limits.{joint}.{field_name}"
+        if field_name not in LIMIT_FIELDS:
+            problems.append(f"{name}: unknown field (limits.<joint>.min, .max or .max_velocity)")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            problems.append(f"{name}: expected a finite number, got {type(value).__name__} {value!r}"[:200])
+        elif field_name == "max_velocity" and not value > 0:
+            problems.append(f"{name}: must be > 0; got {value}")
+        else:
+            out.setdefault(joint, {})[field_name] = float(value)
+    for joint, fields in out.items():
+        if "min" in fields and "max" in fields and fields["min"] > fields["max"]:
+            problems.append(f"limits.{joint}.min: {fields['min']} > limits.{joint}.max {fields['max']}")
+    return out, problems
 
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
@@ -426,13 +506,16 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     problems += _cross_problems(out)
     streams, stream_problems = _streams(values, out) if not problems else ((), [])
     problems += stream_problems
+    joint_limits, limit_problems = _joint_limits(values)
+    problems += limit_problems
     if problems:
         raise ParamError(problems)
     consumed = set(_SPECS) | {n for s in streams if s.name in out["language_streams"]
                               for n in (s.name, *stream_param_names(s.name))}
+    consumed |= set(joint_limit_names(values))
     consumed |= {g for g in PARAM_GROUPS if isinstance(values.get(g), Mapping)}  # a YAML file's nested group
     extra = {k: v for k, v in values.items() if k not in consumed}
-    return NodeParams(**out, extra=extra, streams=streams)
+    return NodeParams(**out, extra=extra, streams=streams, joint_limits=joint_limits)
 
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:

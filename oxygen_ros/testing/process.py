@@ -61,12 +61,13 @@ class NodeProcess:
         module: the node's module (``python -m <module> --ros-args ...``).
         cwd: the child's working directory (default: the source checkout's root when running from one, else this
             process's working directory).
+        env: extra environment variables of the child.
     """
 
     def __init__(self, params_file: str | Path | None = None, overrides: Mapping[str, Any] | None = None,
                  remaps: Mapping[str, str] | None = None, domain_id: int = 0, log_path: str | Path | None = None,
                  python: str = sys.executable, module: str = "oxygen_ros.ros",
-                 cwd: str | Path | None = None) -> None:
+                 cwd: str | Path | None = None, env: Mapping[str, str] | None = None) -> None:
         self.cmd = [python, "-m", module, "--ros-args"]
         if params_file is not None:
             self.cmd += ["--params-file", str(params_file)]
@@ -75,6 +76,7 @@ class NodeProcess:
         for src, dst in (remaps or {}).items():
             self.cmd += ["-r", f"{src}:={dst}"]
         self.env = ros_env(domain_id)
+        self.env.update(env or {})
         if log_path is None:
             fd, log_path = tempfile.mkstemp(prefix="oxygen_node_", suffix=".log")
             os.close(fd)
