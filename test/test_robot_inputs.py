@@ -70,7 +70,9 @@ def fed_store(clock: FakeClock) -> InputStore:
 def test_stale_joints_skip_the_frame_per_joint_and_resume(policy) -> None:
     clock = FakeClock()
     store = fed_store(clock)
-    build = ObservationBuilder(store, policy, max_age_s=10.0, max_joint_age_s=0.25).build
+    def build(now_ns: int):  # a builder per tick: the same images may serve again (only the joints age here)
+        return ObservationBuilder(store, policy, max_age_s=10.0, max_joint_age_s=0.25).build(now_ns)
+
     assert not isinstance(build(clock.ns + 200 * MS), Skip), "fresh joints serve"
     skip = build(clock.ns + 300 * MS)
     assert isinstance(skip, Skip) and skip.reason == "stale_joint_state" and "8 joint(s)" in skip.detail
