@@ -31,6 +31,7 @@ ACTION_CHUNK_FIELDS = {
     "actions": "sequence<float>",
     "dt": "builtin_interfaces/Duration",
     "inference_latency": "builtin_interfaces/Duration",
+    "first_step": "uint32",
     "subtask": "string",
 }
 
