@@ -265,14 +265,24 @@ def plot(rows: Sequence[dict], path: Path, horizon: int) -> Path:
         axes[0].plot(d, [r["jump_p95"] for r in pts], "--", color=color, alpha=0.6, label=f"{name} (p95)")
         axes[1].plot(d, [100 * r["success_rate"] for r in pts], "o-", color=color, label=name)
         axes[2].plot(d, [r["jerk_mean"] for r in pts], "o-", color=color, label=name)
+    delays = sorted({r["delay"] for r in rows})
     for ax, title in zip(axes, ("commanded-action jump at a chunk switch (world units)", "success rate (%)",
                                 "mean jerk of the commanded position (units / s^3)"), strict=True):
+        ax.set_xticks(delays, [f"{d} ({d / horizon:.0%})" for d in delays])
         ax.set_xlabel(f"inference delay d (actions of H = {horizon})")
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=8)
     return save_figure(fig, path)
+
+
+def write_outputs(result: dict, out: Path) -> None:
+    """``table.md`` and ``plot.png`` of a run's ``results.json`` dict (the table is printed)."""
+    table = markdown_table(result["rows"], result["horizon"])
+    (out / "table.md").write_text(table + "\n")
+    plot(result["rows"], out / "plot.png", result["horizon"])
+    print(table)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -296,7 +306,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--execution-horizon", type=int)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/rtc_closed_loop"))
+    ap.add_argument("--replot", action="store_true", help="only redraw table.md and plot.png from results.json")
     a = ap.parse_args(argv)
+    if a.replot:
+        result = json.loads((a.out / "results.json").read_text())
+        write_outputs(result, a.out)
+        return
     torch.set_num_threads(a.threads)
     policy = load_policy(a.model)
     rtc = policy.spec.rtc or PAPER_RTC
@@ -319,10 +334,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     a.out.mkdir(parents=True, exist_ok=True)
     (a.out / "results.json").write_text(json.dumps(result, indent=2))
-    table = markdown_table(rows, horizon)
-    (a.out / "table.md").write_text(table + "\n")
-    plot(rows, a.out / "plot.png", horizon)
-    print(table)
+    write_outputs(result, a.out)
     print(f"[{result['wall_s']:.0f} s] -> {a.out}")
 
 
