@@ -8,8 +8,9 @@ remainder (the node's cadence: the last chunk started ``--executed`` actions bef
 each path the engine has, unguided and with ``identity`` guidance: ``eager`` (the reference modules), ``fused``
 (fast_path) and ``static`` (the static-shape step of ``engine/graphs.py``, the persistent guided step); ``vjp``
 guidance has one path (eager modules under autograd, a backward pass per step). Every round times each variant once,
-in turn (interleaved), so a noisy host slows all alike; a variant's cost is the median over rounds of its time over
-the same round's unguided time on the same path (``vjp`` against ``fused``, the engine's CPU path, and ``eager``).
+in turn (interleaved, the order reversed every other round), so a noisy host slows all alike; a variant's cost is
+the median over rounds of its time over the same round's unguided time on the same path (``vjp`` against ``fused``,
+the engine's CPU path, and ``eager``).
 """
 
 from __future__ import annotations
@@ -50,13 +51,15 @@ def _timed(fn: Callable[[], object], device: torch.device) -> float:
 
 def measure(fns: dict[str, Callable[[], object]], pairs: dict[str, tuple[str, str]], repeats: int,
             device: torch.device, warmup: int = 1, progress: bool = True) -> dict:
-    """Interleaved rounds of ``fns``; per variant its median time, and for each ``pairs`` entry (name -> (variant,
-    baseline)) the median of the per-round ratios variant / baseline."""
+    """Interleaved rounds of ``fns`` (in turn, the order reversed every other round: a variant that runs right after
+    another one's different memory and kernel footprint pays for it, so each gets both places); per variant its
+    median time, and for each ``pairs`` entry (name -> (variant, baseline)) the median of the per-round ratios
+    variant / baseline."""
     times: dict[str, list[float]] = {v: [] for v in fns}
     with progress_bar(total=warmup + repeats, desc="rtc cost rounds", disable=not progress) as bar:
         for rep in range(warmup + repeats):
-            for v, fn in fns.items():
-                t = _timed(fn, device)
+            for v in list(fns)[::-1] if rep % 2 else list(fns):
+                t = _timed(fns[v], device)
                 if rep >= warmup:
                     times[v].append(t)
             bar.update()
@@ -100,6 +103,17 @@ def run(config: str = "small", preset: str = "libero", repeats: int = 15, delay:
         fns["static_identity"] = lambda: graphs.denoise(prefix, [noise], identity)
         pairs["static_identity"] = ("static_identity", "static")
     res = measure(fns, pairs, repeats, dev, progress=progress)
+    # identity guidance's own work, alone: its S velocity corrections (a bound free of the host's noise)
+    x, v = torch.randn(1, h, a, generator=gen).to(dev), torch.randn(1, h, a, generator=gen).to(dev)
+    apply_s = []
+    for _ in range(101):
+        t0 = time.perf_counter()
+        for step in range(steps):
+            identity.apply(step, x, v)
+        synchronize(dev)
+        apply_s.append(time.perf_counter() - t0)
+    res["identity_apply_ms"] = 1e3 * statistics.median(apply_s)
+    res["identity_apply_share"] = res["identity_apply_ms"] / res["median_ms"]["fused"]
     with torch.no_grad():  # the guided chunks really differ from the unguided one (the guidance ran)
         model.use_fused(True)
         plain = model.denoise(prefix, cache, noise)
@@ -126,6 +140,9 @@ def summary(res: dict) -> str:
         elif path == "eager":
             vjp = f"{ms['vjp']:.1f} ({100 * (ratio['vjp_vs_eager'] - 1):+.0f}%)"
         rows.append(f"| {path} | {ms[path]:.1f} | {ident} | {vjp} |")
+    rows.append(f"\nidentity guidance's own ops (S velocity corrections, timed alone): "
+                f"{res['identity_apply_ms']:.3f} ms per denoise = {100 * res['identity_apply_share']:.2f}% of the "
+                "unguided fused denoise")
     return "\n".join(rows)
 
 
