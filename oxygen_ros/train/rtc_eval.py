@@ -253,8 +253,6 @@ def plot(rows: Sequence[dict], path: Path, horizon: int) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from oxygen_ros.bench.report import save_figure
-
     names = list(dict.fromkeys(r["strategy"] for r in rows))
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     for i, name in enumerate(names):
@@ -274,7 +272,10 @@ def plot(rows: Sequence[dict], path: Path, horizon: int) -> Path:
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
     axes[1].legend(fontsize=8)
-    return save_figure(fig, path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def write_outputs(result: dict, out: Path) -> None:
