@@ -109,13 +109,16 @@ def test_bad_arguments_are_refused() -> None:
         ex.execute(np.full((8, 4), np.nan))
 
 
-def test_rtc_smooths_the_switches_of_the_toy_model() -> None:
+def test_rtc_smooths_the_switches_of_the_toy_model(tmp_path) -> None:
     """Two held-out episodes at d = 3 (38% of the toy's 8-action chunk), the node's cadence (2 actions a tick):
     real-time chunking (identity guidance, delay estimated online) halves the naive switch jump at least, and
     succeeds as often; the runner's committed counts are the executor's (run_episode checks them)."""
+    import dataclasses
+    import json
+
     import torch
 
-    from oxygen_ros.train.rtc_eval import STRATEGIES, RTCClosedLoop, summarize
+    from oxygen_ros.train.rtc_eval import STRATEGIES, RTCClosedLoop, compare_table, markdown_table, summarize
 
     torch.set_num_threads(1)
     loop = RTCClosedLoop()
@@ -134,3 +137,10 @@ def test_rtc_smooths_the_switches_of_the_toy_model() -> None:
     fixed = loop.runner(identity, 3, fixed_delay=True)
     again = summarize([loop.run_episode(fixed, identity, 3, seeds[0])], loop.dt_s)
     assert again["actions_sha1"][0] == rtc["actions_sha1"][0]
+    # the tables of a run
+    table = [{"strategy": k, "delay": 3, **v} for k, v in rows.items()]
+    assert "| 3 (38%) | rtc_identity | 2/2 |" in markdown_table(table, 8)
+    (tmp_path / "results.json").write_text(json.dumps({"rtc": dataclasses.asdict(loop.rtc), "rows": table}))
+    compared = compare_table([tmp_path], [3]).splitlines()
+    assert len(compared) == 4 and "| naive | - | - | 3 |" in compared[2]
+    assert "| rtc_identity | exp | 5 | 3 |" in compared[3]

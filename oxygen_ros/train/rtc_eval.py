@@ -286,6 +286,25 @@ def write_outputs(result: dict, out: Path) -> None:
     print(table)
 
 
+def compare_table(runs: Sequence[Path], delays: Sequence[int] | None = None) -> str:
+    """One markdown row per (run, strategy, delay) of several runs' ``results.json``: their RTC settings side by
+    side (guided strategies show schedule and beta; unguided ones do not depend on them)."""
+    lines = ["| strategy | schedule | beta | d | episodes | success | jump mean | jump p95 | position jump mean | "
+             "jerk mean | mean steps |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for run in runs:
+        res = json.loads((Path(run) / "results.json").read_text())
+        rtc = res["rtc"]
+        for r in res["rows"]:
+            if delays and r["delay"] not in delays:
+                continue
+            guided = r["strategy"].startswith("rtc_")
+            schedule, beta = (rtc["schedule"], f"{rtc['max_guidance_weight']:g}") if guided else ("-", "-")
+            lines.append(f"| {r['strategy']} | {schedule} | {beta} | {r['delay']} | {r['episodes']} | "
+                         f"{r['successes']}/{r['episodes']} | {r['jump_mean']:.4f} | {r['jump_p95']:.4f} | "
+                         f"{r['position_jump_mean']:.4f} | {r['jerk_mean']:.0f} | {r['mean_steps']:.1f} |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> None:
     """CLI entry point (see the module docstring)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -308,7 +327,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--out", type=Path, default=Path("runs/rtc_closed_loop"))
     ap.add_argument("--replot", action="store_true", help="only redraw table.md and plot.png from results.json")
+    ap.add_argument("--compare", type=Path, nargs="+", help="only print one table of these runs' results.json "
+                    "(the rows of --delays)")
     a = ap.parse_args(argv)
+    if a.compare:
+        print(compare_table(a.compare, a.delays))
+        return
     if a.replot:
         result = json.loads((a.out / "results.json").read_text())
         write_outputs(result, a.out)
