@@ -51,6 +51,7 @@ setup(
             "oxygen-demo = oxygen_ros.demo.run:main",
             "oxygen-train-toy = oxygen_ros.train.train:main",
             "oxygen-evaluate-toy = oxygen_ros.train.evaluate:main",
+            "oxygen-rtc-eval = oxygen_ros.train.rtc_eval:main",
         ],
     },
 )
