@@ -4,7 +4,8 @@ an observation twice.
 
     python -m oxygen_ros.bench.soak --config config/tabletop.yaml --duration 180 --out runs/soak_tabletop
 
-The node runs the preset unchanged (``instruction`` set, since no simulator publishes one). Counted over the
+The node runs the preset unchanged (``instruction`` set, since no simulator publishes one), both processes with the
+project's DDS profile (``config/fastdds.xml``, as the launch file applies it). Counted over the
 measured window (after a warm-up), from the node's ``/diagnostics`` and its ``~/action_chunk`` messages:
 
 - deadline misses: frames that ended after their control tick's deadline (the next tick);
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.testing.probe import Probe, header_ns
 from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
 
@@ -67,6 +69,8 @@ def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str,
     cameras = list(zip(params["camera_names"], params["camera_topics"], strict=True))
     joints = list(params["joint_names"])
     node = NodeProcess(config, {"instruction": INSTRUCTION}, domain_id=domain_id)
+    dds, _ = dds_profile_environment(default_profile_path())  # raw images over shared memory, as the launch file
+    node.env.update(dds)
     load_cmd = [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
                 *[f"{topic}:{camera_size}:rgb8" for _, topic in cameras], "--rate", str(camera_rate),
                 "--duration", str(warmup_s + duration_s + 60), "--joints", ",".join(joints),
@@ -75,7 +79,7 @@ def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str,
     load = None
     try:
         node.start()
-        load = subprocess.Popen(load_cmd, env=ros_env(domain_id), cwd=source_checkout(),
+        load = subprocess.Popen(load_cmd, env={**ros_env(domain_id), **dds}, cwd=source_checkout(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
         if not probe.wait_for(lambda: len(probe.chunks()) > 0, 240.0):
             raise RuntimeError(f"the node published no chunk; its log:\n{node.output()[-3000:]}")
