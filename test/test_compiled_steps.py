@@ -185,3 +185,21 @@ def test_a_step_that_reads_an_unlisted_tensor_is_not_exported() -> None:
     export_step(lambda x: m.action_in_proj(x), weights, [torch.zeros(1, 8)])  # reads only its weights: fine
     with pytest.raises(RuntimeError, match="neither its weights nor its arguments"):
         export_step(lambda x: m.action_in_proj(x)[..., :4] + stray, weights, [torch.zeros(1, 8)])
+
+
+def test_oxygen_compile_builds_what_the_engine_loads(smooth: Pi05Model, cache_dir: Path, capsys) -> None:
+    """``oxygen-compile --config tiny`` with the engine's settings: its entries are the ones an engine of that size
+    loads (built here when this test runs alone, loaded when the mode tests built them)."""
+    from oxygen_ros.tools.compile import main
+
+    argv = ["--config", "tiny", "--cache-dir", str(cache_dir), "--max-inflight", "1", "--max-new-tokens", "8",
+            "--max-prompt-tokens", "16", "--rtc"]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert {s["step"] for s in summary["steps"]} == {"decode1", "decode2", "prefill", "denoise", "denoise_rtc"}
+    assert main(argv) == 0
+    again = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert all(s["how"] == "loaded" for s in again["steps"]) and again["seconds"] < 30
+    report = _run(smooth, _frames(smooth.config, 2), "aot", cache_dir)[2]
+    assert {r["path"] for r in report} <= {s["path"] for s in summary["steps"]}
+    assert all(r["how"] == "loaded" for r in report)
