@@ -48,6 +48,7 @@ setup(
             "oxygen-launch = oxygen_ros.tools.launch_file:main",
             "oxygen-ask = oxygen_ros.tools.ask:main",
             "oxygen-serve = oxygen_ros.tools.serve:main",
+            "oxygen-compile = oxygen_ros.tools.compile:main",
             "oxygen-demo = oxygen_ros.demo.run:main",
             "oxygen-train-toy = oxygen_ros.train.train:main",
             "oxygen-evaluate-toy = oxygen_ros.train.evaluate:main",

@@ -124,9 +124,10 @@ def test_static_steps_trace_as_one_graph_each(smooth: Pi05Model) -> None:
     eng.step(Frame(make_observation(smooth.config, prompt_lens=[9]), [LanguageRequest("memory", 6)], _noise(
         smooth.config, 0)))
     torch._dynamo.reset()
-    for fn in (graphs._prefill.fn, graphs._denoise[0].fn, graphs._decode[graphs.buckets[-1]].fn):
-        expect = [t.clone() for t in torch.utils._pytree.tree_leaves(fn())]
-        got = torch.utils._pytree.tree_leaves(torch.compile(fn, backend="eager", fullgraph=True)())
+    for step in (graphs._prefill, graphs._denoise[0], graphs._decode[graphs.buckets[-1]]):
+        fn, args = step.fn, step.args
+        expect = [t.clone() for t in torch.utils._pytree.tree_leaves(fn(*args))]
+        got = torch.utils._pytree.tree_leaves(torch.compile(fn, backend="eager", fullgraph=True)(*args))
         assert len(got) == len(expect) and all(torch.equal(g, e) for g, e in zip(got, expect, strict=True))
 
 

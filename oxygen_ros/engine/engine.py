@@ -70,8 +70,8 @@ class Engine:
             raise ValueError("a concurrent mode runs two engines: build it with build_engine() (a ParallelEngine)")
         num_slots = self.config.max_inflight + 1 if self.spec.batched else 1
         self.runner = ModelRunner(model, self.config, num_slots, heads, adapter, adapter_tasks, adapters)
-        if self.runner.graphs is not None and self.runner.graphs.backend in ("cuda", "compile"):
-            self.runner.graphs.warm_up()  # capture / compile every step now, not inside a frame
+        if self.runner.graphs is not None and self.runner.graphs.backend in ("cuda", "compile", "aot"):
+            self.runner.graphs.warm_up()  # capture / compile / load every step now, not inside a frame
         if self.config.speculate and drafts is None:
             drafts = LastOutputDrafts()
         self.scheduler = Scheduler(self.config, num_slots, batched=self.spec.batched,

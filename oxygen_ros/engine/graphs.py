@@ -15,9 +15,12 @@ once and replayed:
 
 Backends (``EngineConfig.graphs``): ``static`` runs the static-shape code eagerly (the CPU reference of what is
 captured), ``cuda`` captures a CUDA graph per step and replays it, ``compile`` runs it through ``torch.compile``
-(static shapes, one graph per bucket). The engine captures or compiles every step when it is built
+(static shapes, one graph per bucket), ``aot`` loads each step compiled ahead of time by AOTInductor from a cache
+directory (built there on first use: ``aot_steps.py``). The engine captures or compiles every step when it is built
 (:meth:`FrameGraphs.warm_up`); used directly, a step is captured or compiled on first use, which is correct too,
-since a step is idempotent.
+since a step is idempotent. Every step is a function of explicit tensors (its persistent inputs and state: the
+staging buffers, the cache, the RoPE table, the time conditioning), reading only the weights from the model, so
+an exported step takes them as arguments and writes the state in place.
 Forwards these shapes do not cover run eagerly: LoRA rows, speculative multi-token rows, batches of several
 observations. The static prefix is always ``max_prefix_len`` long (its padding invalid), so language requests
 append after it. Eager (``graphs='off'``) stays the reference; the tests hold every backend to it.
@@ -25,7 +28,8 @@ append after it. Eager (``graphs='off'``) stays the reference; the tests hold ev
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import torch
 
@@ -36,6 +40,7 @@ from .modes import GRAPH_BACKENDS
 from .observation import Observation
 from .parts import HeadParts, Prefix
 from .rtc import RTCConfig, RTCGuide, RTCPrefix
+from .step_weights import StepWeights
 
 
 def resolve_backend(backend: str, device: torch.device) -> str:
@@ -65,20 +70,46 @@ def decode_buckets(num_slots: int) -> list[int]:
     return [*sizes, num_slots]
 
 
-class _Replay:
-    """One static-shape function behind a backend: called directly, compiled, or captured and replayed."""
+class _Rope:
+    """A RoPE table over a step's cos / sin arguments (``RopeTable.lookup``)."""
 
-    def __init__(self, fn: Callable[[], torch.Tensor], backend: str, options: dict | None = None) -> None:
-        self.fn, self.backend = fn, backend
+    def __init__(self, cos: torch.Tensor, sin: torch.Tensor) -> None:
+        self.cos, self.sin = cos, sin
+
+    lookup = RopeTable.lookup
+
+
+class _Valid:
+    """What ``fast_path.decode_tokens`` reads of a KV cache besides the views it is given: the validity mask."""
+
+    def __init__(self, valid: torch.Tensor) -> None:
+        self.valid = valid
+
+
+class _Replay:
+    """One static-shape function of explicit tensors behind a backend: called directly, compiled, captured and
+    replayed, or loaded compiled ahead of time (``aot``: built by :meth:`FrameGraphs.warm_up` from ``spec``)."""
+
+    def __init__(self, name: str, fn: Callable, args: Sequence[torch.Tensor], backend: str,
+                 spec: dict | None = None, weights: StepWeights | None = None,
+                 compile_options: dict | None = None) -> None:
+        self.name, self.fn, self.args, self.backend, self.spec = name, fn, list(args), backend, dict(spec or {})
+        self.weights = weights  # what the step reads from the model (the leading inputs of its exported form)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
+        self.loaded = None  # aot: the loaded package's runner
+        self._call = fn
         if backend == "compile":
-            self.fn = torch.compile(fn, dynamic=False, fullgraph=True, options=options)
+            self._call = torch.compile(fn, dynamic=False, fullgraph=True, options=compile_options)
 
     @torch.no_grad()
-    def __call__(self) -> torch.Tensor:
+    def __call__(self):
+        if self.backend == "aot":
+            if self.loaded is None:
+                raise RuntimeError(f"compiled step {self.name} is not loaded: FrameGraphs.warm_up() loads it")
+            return self.loaded()
         if self.backend != "cuda":
-            return self.fn()
+            return self._call(*self.args)
         if self.graph is None:
             self._capture()
         self.graph.replay()
@@ -88,29 +119,37 @@ class _Replay:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self.fn()  # warm-up (lazy inits, autotuning) outside the capture; idempotent
+            self.fn(*self.args)  # warm-up (lazy inits, autotuning) outside the capture; idempotent
         torch.cuda.current_stream().wait_stream(side)
         self.graph = torch.cuda.CUDAGraph()
         # a private memory pool per graph (its output stays alive, its scratch is its own); thread_local: the
         # parallel baseline's other worker may launch work meanwhile
         with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.out = self.fn()
+            self.out = self.fn(*self.args)
 
 
 class FrameGraphs:
-    """The static-shape denoise (one per action head) and decode steps (one per bucket) of one engine's pool."""
+    """The static-shape denoise (one per action head) and decode steps (one per bucket) of one engine's pool.
+
+    ``cache_dir`` / ``options``: where the ``aot`` backend keeps its compiled steps (None: the XDG default,
+    ``compiled_store.default_cache_dir``) and the Inductor options it compiles them with."""
 
     def __init__(self, model, cache: KVCache, heads: list[HeadParts], num_steps: int, backend: str,
-                 rtc: RTCConfig | None = None) -> None:
+                 rtc: RTCConfig | None = None, cache_dir: str | Path | None = None,
+                 options: dict | None = None) -> None:
         self.backend = resolve_backend(backend, model.device)
         if self.backend == "off":
             raise ValueError("FrameGraphs needs a backend other than 'off'")
         if self.backend == "compile":
             allow_recompiles(64)
-        self.model, self.cache = model, cache
+        self.model, self.cache, self.heads, self.num_steps = model, cache, heads, num_steps
+        self.cache_dir, self.options = cache_dir, dict(options or {})
         # a model rounding as openpi does (bfloat16_islands) keeps eager's rounding after every op when compiled
         # (inductor would otherwise compute a fused chain of bf16 ops in float32 and round once)
         self.compile_options = {"emulate_precision_casts": True} if model.rounded else None
+        if model.rounded:
+            self.options.setdefault("emulate_precision_casts", True)
+        self.load_report: list[dict] = []  # aot: per step, loaded or built and in how many seconds (warm_up)
         g, dev = model.config.backbone, model.device
         self.prefix_len = model.config.max_prefix_len
         horizon = max(h.horizon for h in heads)
@@ -139,15 +178,23 @@ class FrameGraphs:
                                torch.zeros(1, cfg.num_cameras, dtype=torch.bool, device=dev),
                                torch.zeros(1, cfg.max_token_len, dtype=torch.long, device=dev),
                                torch.zeros(1, cfg.max_token_len, dtype=torch.bool, device=dev))
-        self._prefill = _Replay(self._prefill_fn(), self.backend, self.compile_options)
+        self._prefill = self._prefill_fn()
         self._staged: Prefix | None = None  # the prefix the staging buffer holds (the static prefill wrote it)
         self.buckets = decode_buckets(cache.num_slots)
         self._inputs = {b: torch.zeros(3, b, dtype=torch.long, device=dev) for b in self.buckets}
-        self._decode = {b: _Replay(self._decode_fn(b), self.backend, self.compile_options) for b in self.buckets}
+        self._decode = {b: self._decode_fn(b) for b in self.buckets}
+
+    def steps(self) -> list[_Replay]:
+        """Every step: the decode buckets, the prefill, the denoise of each head (and the guided one)."""
+        runs = [*(self._decode[b] for b in self.buckets), self._prefill, *self._denoise]
+        return runs + ([self._denoise_rtc] if self._denoise_rtc is not None else [])
 
     def warm_up(self) -> None:
-        """Run (compile, capture) every step once now instead of on first use, so no frame pays for it. Only on an
-        empty pool: the decode steps write at position 0 of every slot, which is then marked invalid again."""
+        """Run (compile, capture, load or build) every step once now instead of on first use, so no frame pays for
+        it. Only on an empty pool: the decode steps write at position 0 of every slot, which is then marked invalid
+        again."""
+        if self.backend == "aot":
+            self._load_compiled()
         with torch.no_grad():
             for b in self.buckets:
                 self._inputs[b].zero_()
@@ -162,21 +209,46 @@ class FrameGraphs:
             self.cache.valid.zero_()
             self._staged = None
 
+    def _load_compiled(self) -> None:
+        """aot: every step from the cache directory, each built there first when it is absent, stale or corrupt."""
+        from .aot_steps import load_or_build  # torch.export / Inductor: imported only by the backend that uses them
+        from .compiled_store import CompiledStore
+
+        store = CompiledStore(self.cache_dir)
+        base = {"config": self.model.config.to_dict(), "dtype": str(self.model.dtype)}
+        self.load_report = []
+        for run in self.steps():
+            entry = load_or_build(store, run.name, {**base, **run.spec}, run.fn, run.weights, run.args,
+                                  isinstance(run.spec.get("outputs"), int) and run.spec["outputs"] > 1,
+                                  self.options)
+            run.loaded = lambda entry=entry: entry.value()
+            self.load_report.append({"step": run.name, "how": entry.how, "seconds": entry.seconds,
+                                     "path": str(entry.path)})
+
+    def _step(self, name: str, fn: Callable, args: list[torch.Tensor], weights: StepWeights, spec: dict) -> _Replay:
+        return _Replay(name, fn, args, self.backend, {"step": name, **spec}, weights, self.compile_options)
+
     # ------------------------------------------------------------------------------------------ prefill
-    def _prefill_fn(self) -> Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    def _prefill_fn(self) -> _Replay:
         model, p = self.model, self.prefix_len
         depth = model.config.backbone.depth
-        views = ([self.stage_k[j] for j in range(depth)], [self.stage_v[j] for j in range(depth)])
-        positions = torch.arange(p, device=self.stage_k.device)
+        inner = model.paligemma_with_expert.paligemma.model
+        weights = StepWeights({"vision_tower": inner.vision_tower, "projector": inner.multi_modal_projector,
+                               "backbone": model.backbone}, [model.backbone])
 
-        def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-            embs, valid = model.embed_prefix(self.obs)
-            h = fast_path.prefill(model, embs, valid, None, None, self.rope, views)
+        def run(images, image_masks, tokens, token_mask, stage_k, stage_v, cos, sin):
+            views = ([stage_k[j] for j in range(depth)], [stage_v[j] for j in range(depth)])
+            embs, valid = model.embed_prefix(Observation(images, image_masks, tokens, token_mask))
+            h = fast_path.prefill(model, embs, valid, None, None, _Rope(cos, sin), views)
+            positions = torch.arange(p, device=valid.device)
             last = positions.masked_fill(~valid[0], -1).argmax().view(1)  # a device index: no host read
             last_hidden, _ = model.backbone.norm(h.index_select(1, last)[:, 0])
             return valid, valid.sum(1), last_hidden
 
-        return run
+        o = self.obs
+        args = [o.images, o.image_masks, o.tokens, o.token_mask, self.stage_k, self.stage_v, self.rope.cos,
+                self.rope.sin]
+        return self._step("prefill", run, args, weights, {"outputs": 3})
 
     def covers_observation(self, obs: Observation) -> bool:
         """Whether ``obs`` is one observation whose prompt fits the static prefill."""
@@ -207,17 +279,31 @@ class FrameGraphs:
     # ------------------------------------------------------------------------------------------ denoise
     def _denoise_fn(self, i: int, head: HeadParts, num_steps: int, guide: RTCGuide | None = None) -> _Replay:
         model = self.model
+        times = model.denoise_times(num_steps)
         with torch.no_grad():  # t is known in advance: every step's adaRMS scale / shift / gate, once
-            conds = fast_path.time_conditioning(model, head, model.denoise_times(num_steps))
-        depth = self.stage_k.shape[0]  # per-layer views (select, not unbind: they are written in place)
-        ks, vs = [self.stage_k[j] for j in range(depth)], [self.stage_v[j] for j in range(depth)]
+            conds = fast_path.time_conditioning(model, head, times)
+            scale, shift, gate = (torch.stack([torch.stack([n[j] for n in norms]) for norms in conds])
+                                  for j in range(3))  # [S, 2L + 1, W] each
         n_layers = head.stack.cfg.depth
+        weights = StepWeights({"action_in_proj": head.action_in_proj, "action_out_proj": head.action_out_proj},
+                              [head.stack])
 
-        def run() -> torch.Tensor:
-            return fast_path.denoise_kv(model, head, ks[:n_layers], vs[:n_layers], self.stage_valid, self.num_valid,
-                                        self.noise[i], conds, self.rope, guide)
+        def run(stage_k, stage_v, stage_valid, num_valid, noise, cos, sin, scale, shift, gate, *rtc):
+            # per-layer views (select, not unbind: they are written in place)
+            ks, vs = [stage_k[j] for j in range(n_layers)], [stage_v[j] for j in range(n_layers)]
+            norms = [list(zip(sc.unbind(0), sh.unbind(0), gt.unbind(0), strict=True))
+                     for sc, sh, gt in zip(scale.unbind(0), shift.unbind(0), gate.unbind(0), strict=True)]
+            g = None if guide is None else RTCGuide(rtc[0], rtc[1], guide.times, guide.gains)
+            return fast_path.denoise_kv(model, head, ks, vs, stage_valid, num_valid, noise, norms,
+                                        _Rope(cos, sin), g)
 
-        return _Replay(run, self.backend, self.compile_options)
+        args = [self.stage_k, self.stage_v, self.stage_valid, self.num_valid, self.noise[i], self.rope.cos,
+                self.rope.sin, scale, shift, gate]
+        spec = {"num_steps": num_steps, "times": times}
+        if guide is not None:
+            args += [guide.target, guide.weights]
+            spec["rtc"] = {"times": guide.times, "gains": guide.gains}
+        return self._step("denoise_rtc" if guide is not None else "denoise", run, args, weights, spec)
 
     def covers_prefix(self, prefix: Prefix) -> bool:
         """Whether ``prefix`` is one observation that fits the staging buffer."""
@@ -253,22 +339,25 @@ class FrameGraphs:
         return chunks
 
     # ------------------------------------------------------------------------------------------ decode
-    def _decode_fn(self, b: int) -> Callable[[], torch.Tensor]:
-        model, cache, rope = self.model, self.cache, self.rope
-        inputs = self._inputs[b]
+    def _decode_fn(self, b: int) -> _Replay:
+        model, max_len = self.model, self.cache.max_len
+        paligemma = model.paligemma_with_expert.paligemma
+        weights = StepWeights({"backbone": model.backbone, "lm_head": paligemma.lm_head}, [model.backbone])
         rows = slice(0, b)
-        ar = torch.arange(b, device=inputs.device)
-        true = torch.ones((), dtype=torch.bool, device=inputs.device)  # a device value: no host copy when captured
-        views = cache.layer_views(rows)  # taken once: the memo dict changes as eager calls add ranges
 
-        def run() -> torch.Tensor:
+        def run(inputs, cache_k, cache_v, cache_valid, cos, sin):
             tokens, positions, writes = inputs[0], inputs[1], inputs[2]
-            cache.valid[rows].index_put_((ar, writes), true)
-            logits = fast_path.decode_tokens(model, cache, rows, tokens[:, None], positions[:, None], writes[:, None],
-                                             cache.max_len, None, rope, views)
+            ar = torch.arange(b, device=inputs.device)
+            true = torch.ones((), dtype=torch.bool, device=inputs.device)  # a device value: no host copy
+            cache_valid[rows].index_put_((ar, writes), true)
+            views = (list(cache_k[:, rows].unbind(0)), list(cache_v[:, rows].unbind(0)))
+            logits = fast_path.decode_tokens(model, _Valid(cache_valid), rows, tokens[:, None], positions[:, None],
+                                             writes[:, None], max_len, None, _Rope(cos, sin), views)
             return logits[:, 0].argmax(-1)
 
-        return run
+        c = self.cache
+        args = [self._inputs[b], c.k, c.v, c.valid, self.rope.cos, self.rope.sin]
+        return self._step(f"decode{b}", run, args, weights, {"bucket": b})
 
     def decode_bucket(self, hi: int) -> int:
         """The smallest bucket covering slots ``[0, hi)``."""

@@ -57,7 +57,8 @@ class ModelRunner:
         backend = resolve_backend(config.graphs, model.device)
         # static-shape / captured denoise and decode steps (graphs.py); None: eager
         self.rtc = config.rtc if config.rtc is not None and config.rtc.enabled else None
-        self.graphs = (FrameGraphs(model, self.cache, self.heads, self.num_steps, backend, self.rtc)
+        self.graphs = (FrameGraphs(model, self.cache, self.heads, self.num_steps, backend, self.rtc,
+                                   config.compile_cache_dir, config.compile_options)
                        if backend != "off" else None)
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once

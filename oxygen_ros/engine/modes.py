@@ -41,7 +41,7 @@ MODE_SPECS: dict[str, ModeSpec] = {
 ENGINE_MODES: tuple[str, ...] = tuple(MODE_SPECS)
 NODE_MODES: tuple[str, ...] = ("oxygen", "isolated", "shared_kv")  # the ROS node runs one model copy
 OVERFLOW_POLICIES: tuple[str, ...] = ("reject_newest", "drop_oldest")
-GRAPH_BACKENDS = ("off", "static", "cuda", "compile", "auto")  # EngineConfig.graphs (graphs.py)
+GRAPH_BACKENDS = ("off", "static", "cuda", "compile", "aot", "auto")  # EngineConfig.graphs (graphs.py)
 UNBOUNDED = 1 << 30  # decode budget of the modes that run each request to completion
 
 
@@ -62,8 +62,13 @@ class EngineConfig:
     # drafts come from the engine's DraftSource (default: each stream's last finished output, speculative.py).
     speculate: int = 0
     # static shapes / captured graphs for the denoise loop and the decode step (graphs.py): off (eager, the
-    # reference) | static | cuda | compile | auto (cuda on a CUDA device, else off)
+    # reference) | static | cuda | compile | aot (compiled ahead of time, loaded from compile_cache_dir) | auto
+    # (cuda on a CUDA device, else off)
     graphs: str = "off"
+    # where graphs='aot' keeps its compiled steps (None: $XDG_CACHE_HOME/oxygen_ros/compiled) and the Inductor
+    # options it compiles them with (part of each step's cache key)
+    compile_cache_dir: str | None = None
+    compile_options: dict | None = None
     # real-time chunking (rtc.py): how a frame that carries the previous chunk's remainder (Frame.rtc) guides its
     # first action head's denoise toward it; None or disabled: every chunk from plain noise
     rtc: RTCConfig | None = None

@@ -127,8 +127,13 @@ class RunnerParams:
         'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
     graphs: str = param('off',
         'Static-shape prefill, denoise loop and decode steps: off (eager, the reference) | auto (captured CUDA '
-        'graphs on cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static. '
+        'graphs on cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static | '
+        'aot (compiled ahead of time, loaded from compile_cache_dir in seconds; built there once, or by '
+        'oxygen-compile). '
         'LoRA and speculative forwards stay eager.', choices=GRAPH_BACKENDS)
+    compile_cache_dir: str = param('',
+        "Where graphs=aot keeps its compiled steps (keyed by model sizes, dtype, device, threads and torch "
+        "version); '' = $XDG_CACHE_HOME/oxygen_ros/compiled (~/.cache/oxygen_ros/compiled).")
     ask_max_new_tokens: int = param(0,
         'Tokens of an answer whose goal asks for 0; 0 = max_new_tokens. A goal asking for more than '
         'max_new_tokens is aborted.', minimum=0, ros_name='ask.max_new_tokens')

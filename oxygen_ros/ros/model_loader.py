@@ -171,7 +171,8 @@ def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None,
     return EngineConfig(mode=p.mode, num_steps=p.num_steps, k="auto" if p.k_auto else p.k,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
                         max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
-                        speculate=p.speculate, graphs=p.graphs, rtc=rtc)
+                        speculate=p.speculate, graphs=p.graphs, rtc=rtc,
+                        compile_cache_dir=p.compile_cache_dir or None)
 
 
 def rtc_config(p: NodeParams, policy: Policy) -> RTCConfig | None:

@@ -129,6 +129,7 @@ class NodeParams:
     speculate: int = shared('speculate')
     overflow: str = shared('overflow')
     graphs: str = shared('graphs')
+    compile_cache_dir: str = shared('compile_cache_dir')
     # --- inputs
     camera_names: tuple[str, ...] = param((),
         'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '
