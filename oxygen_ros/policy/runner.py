@@ -377,7 +377,8 @@ class FrameRunner:
                                       lambda a, ref: self.policy.rereference(a, ref, prepared))
 
     def _committed(self, stamp_ns: int, age_s: float, horizon: int) -> int:
-        """Leading actions whose time passed ``age_s`` after the observation (0 without real-time chunking)."""
+        """Leading actions whose time passed when the chunk was ready, ``age_s`` after its observation (0 without
+        real-time chunking); the age also feeds the delay estimate."""
         if self.rtc is None or not stamp_ns:
             return 0
         self.delays.observe(age_s)
