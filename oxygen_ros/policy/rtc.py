@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,7 +113,8 @@ class ChunkMemory:
         s = round((stamp_ns - last.stamp_ns) / self.dt_ns)
         return s if s < last.chunk.shape[0] else None
 
-    def remainder(self, stamp_ns: int, delay: int, rereference=None) -> RTCPrefix | None:
+    def remainder(self, stamp_ns: int, delay: int,
+                  rereference: Callable[[np.ndarray, np.ndarray], np.ndarray] | None = None) -> RTCPrefix | None:
         """The previous chunk's actions from ``stamp_ns`` on, as the guidance target with ``delay``;
         ``rereference(actions, old_reference)`` re-expresses delta dims relative to the new state."""
         s = self.offset(stamp_ns)
