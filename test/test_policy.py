@@ -274,7 +274,17 @@ def test_lerobot_rtc_config_is_read(tiny_lerobot: Path, tmp_path: Path) -> None:
     """A checkpoint saved with ``rtc_config`` loads; its settings (not LeRobot's defaults) become ``spec.rtc``."""
     from oxygen_ros.engine.rtc import RTCConfig
 
-    assert load_policy(tiny_lerobot).spec.rtc is None
+    plain = load_policy(tiny_lerobot)
+    assert plain.spec.rtc is None
+    from oxygen_ros.engine.rtc import RTCPrefix
+
+    raw = RawObservation({plain.spec.camera_slots[0]: rgb(120, 160, 3)}, np.full(plain.spec.state_dim or 8, 0.1),
+                         "open it")
+    noise = np.random.default_rng(0).normal(size=(plain.spec.chunk_size, plain.model.config.action_dim))
+    remainder = RTCPrefix(np.ones((4, plain.spec.action_dims), np.float32), 2)
+    assert np.array_equal(plain.infer(raw, noise, rtc=remainder), plain.infer(raw, noise)), \
+        "without rtc_config LeRobot's predict_action_chunk ignores the remainder"
+    assert not np.array_equal(plain.infer(raw, noise, rtc=remainder, rtc_config=RTCConfig()), plain.infer(raw, noise))
     ckpt = _lerobot_copy(tiny_lerobot, tmp_path / "rtc")
     _edit_json(ckpt / "config.json", lambda d: d.update(rtc_config={
         "enabled": True, "prefix_attention_schedule": "EXP", "max_guidance_weight": 4.0, "execution_horizon": 7,

@@ -180,9 +180,10 @@ class Policy:
     def rtc_guide(self, rtc: RTCPrefix | None, rtc_config: RTCConfig | None = None,
                   num_steps: int | None = None) -> RTCGuide | None:
         """The denoise guide for a previous chunk's remainder ``rtc`` under ``rtc_config`` (default: the
-        checkpoint's own, else the paper's); None without a remainder or with RTC disabled."""
-        config = rtc_config or self.spec.rtc or PAPER_RTC
-        if rtc is None or not config.enabled:
+        checkpoint's own, else the paper's; a LeRobot checkpoint without ``rtc_config`` ignores the remainder, as
+        LeRobot's ``predict_action_chunk`` does); None without a remainder or with RTC disabled."""
+        config = rtc_config or self.spec.rtc or (None if self.spec.framework == "lerobot" else PAPER_RTC)
+        if rtc is None or config is None or not config.enabled:
             return None
         cfg = self.model.config
         return RTCGuide.build(rtc, config, cfg.action_horizon, cfg.action_dim, num_steps or cfg.num_steps,
