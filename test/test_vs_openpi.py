@@ -37,7 +37,10 @@ def test_action_path_equals_sample_actions(tmp_path):
 
 def test_plot_writes_png(tmp_path):
     record = {"config": "tiny", "threads": 1, "openpi_compile_mode": "none",
-              "median_ms": {"openpi_eager": 13.0, "oxygen_off": 4.6}}
+              "median_ms": {"openpi_eager": 13.0, "oxygen_off": 4.6},
+              "paired_median_ratio_openpi_over_ours": {"openpi_eager/oxygen_off": 2.9},
+              "max_abs_vs_openpi_eager": {"openpi_eager": 0.0, "oxygen_off": 1.2e-7}}
     (tmp_path / "r.json").write_text(json.dumps(record))
-    vs_openpi.main(["plot", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png")])
+    vs_openpi.main(["plot", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png"), "--md", str(tmp_path / "r.md")])
     assert (tmp_path / "r.png").stat().st_size > 1000
+    assert "| tiny | 1 | 13.0 | nan | `graphs: off` | 4.6 | 2.90x | - | 1.2e-07 |" in (tmp_path / "r.md").read_text()

@@ -181,9 +181,12 @@ def run(args: argparse.Namespace) -> None:
         load_model(model, str(ckpt / "model.safetensors"))  # strict, as openpi's load_pytorch
         model = model.to(torch.float32).eval()
         variants[name] = (lambda m: lambda o, n: m.sample_actions("cpu", o, noise=n, num_steps=10))(model)
+    build_s = {}  # our graphs' build (compile: every step compiled in warm_up), before the first call
     for graphs in args.ours:
         model = load_checkpoint(ckpt)
+        t0 = time.perf_counter()
         variants[f"oxygen_{graphs}"] = ours_runner(model, graphs)
+        build_s[f"oxygen_{graphs}"] = time.perf_counter() - t0
 
     outputs, first_call_s = {}, {}
     for name, fn in variants.items():  # first call: includes compiling for the compiled variants
@@ -225,7 +228,7 @@ def run(args: argparse.Namespace) -> None:
         "openpi_compile_mode": args.openpi_compile, "rounds": args.rounds, "warmup": args.warmup,
         "max_abs_vs_openpi_eager": max_abs, "actions_abs_max": float(ref.abs().max()),
         "actions_std": float(ref.std()), "host": {"processor": platform.processor(), "cpus": os.cpu_count()},
-        "first_call_s": first_call_s, "median_ms": median_ms,
+        "first_call_s": first_call_s, "oxygen_build_s": build_s, "median_ms": median_ms,
         "paired_median_ratio_openpi_over_ours": ratios, "times_s": times, "torch": torch.__version__,
         "uptime_before": uptime_before,
         "uptime_after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
@@ -253,6 +256,25 @@ def plot(args: argparse.Namespace) -> None:
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
     print("wrote", args.png)
+    if args.md:
+        Path(args.md).write_text(summary_table(records))
+        print("wrote", args.md)
+
+
+def summary_table(records: list[dict]) -> str:
+    """Markdown: per config x threads x our variant, medians and the paired ratios (openpi's time over ours)."""
+    lines = ["| config | threads | openpi eager ms | openpi compiled ms | oxygen_ros path | ours ms | vs openpi eager "
+             "| vs openpi compiled | max abs diff |", "|---|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        med, ratio = rec["median_ms"], rec["paired_median_ratio_openpi_over_ours"]
+        for n in [n for n in med if n.startswith("oxygen")]:
+            compiled = ratio.get(f"openpi_compiled/{n}")
+            lines.append(
+                f"| {rec['config']} | {rec['threads']} | {med['openpi_eager']:.1f} | "
+                f"{med.get('openpi_compiled', float('nan')):.1f} | `graphs: {n.removeprefix('oxygen_')}` | "
+                f"{med[n]:.1f} | {ratio[f'openpi_eager/{n}']:.2f}x | "
+                f"{'-' if compiled is None else f'{compiled:.2f}x'} | {rec['max_abs_vs_openpi_eager'][n]:.1e} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -273,6 +295,7 @@ def main(argv: list[str] | None = None) -> None:
     q = sub.add_parser("plot", help="PNG from run JSON files (the project's venv)")
     q.add_argument("inputs", nargs="+")
     q.add_argument("--png", required=True)
+    q.add_argument("--md", default=None, help="also write a markdown table here")
     args = p.parse_args(argv)
     (run if args.cmd == "run" else plot)(args)
 
