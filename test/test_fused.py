@@ -72,6 +72,40 @@ def test_stages_match_eager(model: Pi05Model, smooth: Pi05Model) -> None:
     assert gen_f == gen_e
 
 
+@pytest.mark.parametrize("camera_masks", [[[1, 1, 0], [0, 1, 0]], [[0, 0, 0], [0, 0, 0]]],
+                         ids=["a camera masked in every row", "no camera"])
+def test_fast_prefill_skips_masked_work_exactly(model: Pi05Model, smooth: Pi05Model, camera_masks) -> None:
+    """The fast path drops cameras masked in every row and prompt padding (openpi computes both) and runs the last
+    layer's output only at each row's last valid token: same K/V at the valid positions, same last hidden state,
+    same actions and the same greedy text as the eager reference, which computes everything."""
+    cfg = model.config
+    obs = make_observation(cfg, batch=2, prompt_lens=[12, 7], camera_masks=camera_masks, length=cfg.max_token_len)
+    prefixes, caches = [], []
+
+    def prefill():
+        cache = KVCache.for_model(cfg, 2, extra_tokens=4)
+        prefixes.append(model.prefill(obs, cache))
+        caches.append(cache)
+        return prefixes[-1].last_hidden
+
+    h_f, h_e = _both(model, prefill)
+    (pf, pe), (cf, ce) = prefixes, caches
+    kept = sum(any(r[c] for r in camera_masks) for c in range(cfg.num_cameras))
+    assert pe.length == cfg.num_cameras * cfg.vision.tokens_per_image + cfg.max_token_len
+    assert pf.length == kept * cfg.vision.tokens_per_image + 12  # the longest prompt: row 1's padding stays
+    assert torch.equal(pf.num_valid, pe.num_valid)
+    assert (h_f - h_e).abs().max() <= ATOL
+    for row in range(2):
+        vf, ve = cf.valid[row].nonzero().flatten(), ce.valid[row].nonzero().flatten()
+        assert (cf.k[:, row][:, :, vf] - ce.k[:, row][:, :, ve]).abs().max() <= ATOL
+        assert (cf.v[:, row][:, :, vf] - ce.v[:, row][:, :, ve]).abs().max() <= ATOL
+    noise = _noise(cfg, 2)
+    fused, eager = _both(smooth, lambda: smooth.sample_actions(obs, noise, 10))
+    assert (fused - eager).abs().max() <= ATOL
+    gen_f, gen_e = _both(model, lambda: model.generate(obs, 12, prompts=[[17, 3], []], eos_id=-1))
+    assert gen_f == gen_e
+
+
 def test_lora_decode_matches_eager(model: Pi05Model) -> None:
     cfg = model.config
     obs = make_observation(cfg, batch=3, prompt_lens=[9, 11, 6], seed=2)

@@ -105,9 +105,12 @@ def residual(h: torch.Tensor, y: torch.Tensor, gate: torch.Tensor | None, rounde
 
 def layer_forward(stack: GemmaStack, fs: FusedStack, i: int, h: torch.Tensor, n_in: Norm, n_post: Norm,
                   cos: torch.Tensor, sin: torch.Tensor, attend: Attend,
-                  lora: LoraAdapter | None = None, rounded: bool = False) -> torch.Tensor:
+                  lora: LoraAdapter | None = None, rounded: bool = False,
+                  rows: torch.Tensor | None = None) -> torch.Tensor:
     """One Gemma layer on hidden states h [B, T, W]. ``rounded``: each product rounded before its sum (openpi's
-    bf16 order of roundings, ``Pi05Model.rounded``) instead of fused multiply-adds."""
+    bf16 order of roundings, ``Pi05Model.rounded``) instead of fused multiply-adds. ``rows`` [B]: Q/K/V for every
+    position (``attend`` keeps the K/V and answers that row's query only), the rest for that one position of each
+    row: returns [B, 1, W]."""
     g = stack.cfg
     b, t, _ = h.shape
     x = normed(h, n_in, g.rms_eps, rounded)
@@ -118,6 +121,8 @@ def layer_forward(stack: GemmaStack, fs: FusedStack, i: int, h: torch.Tensor, n_
     qk = qk * cos + rot * sin if rounded else torch.addcmul(qk * cos, rot, sin)
     v = qkv[..., heads * g.head_dim:].view(b, t, g.num_kv_heads, g.head_dim)
     attn = attend(i, qk[:, :, :g.num_heads], qk[:, :, g.num_heads:], v)
+    if rows is not None:
+        h = h.gather(1, rows[:, None, None].expand(b, 1, h.shape[2]))
     o = fs.o[i](attn) if lora is None else lora.fused_delta(i, "o", attn, fs.o[i](attn))
     h = residual(h, o, n_in[2], rounded)
     x = normed(h, n_post, g.rms_eps, rounded)
@@ -138,29 +143,39 @@ def rms_norms(fs: FusedStack) -> list[Norm]:
 # ------------------------------------------------------------------------------------------------ stages
 def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache | None, rows: slice | None,
             rope: RopeTable | None = None,
-            views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None) -> torch.Tensor:
+            views: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None,
+            last: torch.Tensor | None = None) -> torch.Tensor:
     """The backbone over prefix embeddings [B, P, W] (bidirectional over valid tokens); K/V into ``cache`` rows, or
-    into per-layer ``views`` [B, Hkv, >= P, D]. Returns the last layer's hidden states [B, P, W] (not normed).
+    into per-layer ``views`` [B, Hkv, >= P, D]. Returns the last layer's hidden states [B, P, W] (not normed), or
+    with ``last`` (a position per row, [B]) only those: [B, 1, W]. The K/V a prefix keeps are every layer's
+    projections, so past the last layer's Q/K/V only those rows' attention output and MLP are computed (for
+    pi0.5's action path nothing else of the last layer is used; openpi computes it all).
     ``rope``: a table covering P positions (else one is looked up, which reads the largest position back)."""
     stack = model.backbone
     fs, g = stack.fused(), stack.cfg
     b, p = valid.shape
     positions = valid.cumsum(1) - 1
     cos, sin = rope_tables(model, positions) if rope is None else rope.lookup(positions)
-    mask = additive_mask(valid[:, None, :].expand(b, p, p), g.num_heads // g.num_kv_heads, embs.dtype)
+    group = g.num_heads // g.num_kv_heads
+    mask = additive_mask(valid[:, None, :].expand(b, p, p), group, embs.dtype)
+    last_mask = None if last is None else additive_mask(valid[:, None, :], group, embs.dtype)
     kv = views if views is not None else cache.layer_views(rows)
 
     def attend(i: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k, v = k.transpose(1, 2), v.transpose(1, 2)
         kv[0][i][:, :, :p].copy_(k)
         kv[1][i][:, :, :p].copy_(v)
+        if last is not None and i == g.depth - 1:
+            return sdpa(g, q.gather(1, last[:, None, None, None].expand(b, 1, *q.shape[2:])), k, v, last_mask,
+                        rounded)
         return sdpa(g, q, k, v, mask, rounded)
 
     rounded = model.rounded
     norms = rms_norms(fs)
     h = embs
     for i in range(g.depth):
-        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, rounded=rounded)
+        h = layer_forward(stack, fs, i, h, norms[2 * i], norms[2 * i + 1], cos, sin, attend, rounded=rounded,
+                          rows=last if i == g.depth - 1 else None)
     return h
 
 

@@ -239,10 +239,10 @@ class FrameGraphs:
         def run(images, image_masks, tokens, token_mask, stage_k, stage_v, cos, sin):
             views = ([stage_k[j] for j in range(depth)], [stage_v[j] for j in range(depth)])
             embs, valid = model.embed_prefix(Observation(images, image_masks, tokens, token_mask))
-            h = fast_path.prefill(model, embs, valid, None, None, _Rope(cos, sin), views)
             positions = torch.arange(p, device=valid.device)
             last = positions.masked_fill(~valid[0], -1).argmax().view(1)  # a device index: no host read
-            last_hidden, _ = model.backbone.norm(h.index_select(1, last)[:, 0])
+            h = fast_path.prefill(model, embs, valid, None, None, _Rope(cos, sin), views, last=last)
+            last_hidden, _ = model.backbone.norm(h[:, 0])
             return valid, valid.sum(1), last_hidden
 
         o = self.obs

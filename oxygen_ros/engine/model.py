@@ -147,6 +147,8 @@ class Pi05Model(nn.Module):
     def embed_images(self, images: torch.Tensor) -> torch.Tensor:
         """[B, C, 3, H, W] in [-1, 1] -> [B, C * tokens_per_image, W] (not scaled, as in openpi)."""
         b, c = images.shape[:2]
+        if c == 0:  # every camera masked out (and compacted away): the prefix is the prompt alone
+            return images.new_zeros(b, 0, self.config.backbone.width, dtype=self.dtype)
         inner = self.paligemma_with_expert.paligemma.model
         feats = inner.multi_modal_projector(inner.vision_tower(images.flatten(0, 1).to(self.input_dtype)))
         return feats.view(b, c * feats.shape[1], feats.shape[2])
@@ -211,22 +213,29 @@ class Pi05Model(nn.Module):
     # ------------------------------------------------------------------------------------------ cached stages
     @torch.no_grad()
     def prefill(self, obs: Observation, cache: KVCache, rows: slice | None = None) -> Prefix:
-        """Run the backbone over the prefix and write its K/V into ``cache`` slots ``rows`` (default 0..B)."""
+        """Run the backbone over the prefix and write its K/V into ``cache`` slots ``rows`` (default 0..B).
+
+        The fast path (``fused``) skips what the observation masks out (:meth:`Observation.compacted`) and runs the
+        last layer's attention output and MLP only at each row's last valid token (the one hidden state a prefix
+        keeps); the eager reference computes every padded position, as openpi does. Both give the same K/V at the
+        valid positions and the same ``last_hidden``."""
         b = obs.batch_size
         rows = rows if rows is not None else slice(0, b)
+        if self.fused:
+            obs = obs.compacted()
         embs, valid = self.embed_prefix(obs)
         p = embs.shape[1]
         if p > cache.max_len:
             raise ValueError(f"prefix of {p} tokens does not fit the cache ({cache.max_len})")
         cache.valid[rows] = False
         cache.valid[rows, :p] = valid
-        if self.fused:
-            h = fast_path.prefill(self, embs, valid, cache, rows)
-        else:
-            h = self._prefill_eager(embs, valid, cache, rows)
         num_valid = valid.sum(1)
         last = torch.arange(p, device=valid.device).masked_fill(~valid, -1).argmax(1)
-        last_hidden, _ = self.backbone.norm(h[torch.arange(b, device=h.device), last])
+        if self.fused:
+            h = fast_path.prefill(self, embs, valid, cache, rows, last=last)[:, 0]
+        else:
+            h = self._prefill_eager(embs, valid, cache, rows)[torch.arange(b, device=valid.device), last]
+        last_hidden, _ = self.backbone.norm(h)
         return Prefix(rows, p, num_valid, last_hidden)
 
     def _prefill_eager(self, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache, rows: slice) -> torch.Tensor:

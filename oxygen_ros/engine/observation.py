@@ -58,6 +58,27 @@ class Observation:
             state=None if self.state is None else self.state.to(device),
         )
 
+    def compacted(self) -> Observation:
+        """The same observation without the work it masks out: the cameras masked in every row and the prompt
+        columns padded in every row are dropped (``self`` when there are none).
+
+        Exact for pi0.5: a masked token is attended by no one and does not advance the positions (``cumsum`` of
+        validity), so the kept tokens see the same keys at the same positions. openpi pads every prompt to
+        ``max_token_len`` (200 for pi0.5) and runs every camera slot through SigLIP; this skips that work."""
+        cams, cols = self.image_masks.any(0), self.token_mask.any(0)
+        keep_cams, keep_cols = bool(cams.all()), bool(cols.all())
+        if keep_cams and keep_cols:
+            return self
+        images, masks = self.images, self.image_masks
+        if not keep_cams:
+            idx = cams.nonzero().flatten()
+            images, masks = images.index_select(1, idx), masks.index_select(1, idx)
+        tokens, token_mask = self.tokens, self.token_mask
+        if not keep_cols:
+            idx = cols.nonzero().flatten()
+            tokens, token_mask = tokens.index_select(1, idx), token_mask.index_select(1, idx)
+        return Observation(images, masks, tokens, token_mask, self.state)
+
     def select(self, index: int) -> Observation:
         """Observation ``index`` of the batch, as a batch of one."""
         s = slice(index, index + 1)
