@@ -12,8 +12,14 @@ for _name, _logger in logging.root.manager.loggerDict.items():
     if _name.startswith("oxygen_ros") and isinstance(_logger, logging.Logger):
         _logger.propagate = True
 
+import tempfile  # noqa: E402
+
 import pytest  # noqa: E402
 import torch  # noqa: E402
+
+# The engine stores measured kernel choices and compiled steps under $XDG_CACHE_HOME (compiled_store.py): tests
+# (and the node processes they start) use a fresh one, never the user's
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="oxygen_ros_test_cache_")
 
 from oxygen_ros.engine import Observation, Pi05Config, Pi05Model, get_config  # noqa: E402
 from oxygen_ros.engine.checkpoint import init_random_weights  # noqa: E402

@@ -71,3 +71,75 @@ def test_packed_operator_refuses_released_weights() -> None:
     del pw
     with pytest.raises(RuntimeError, match="no longer exist"):
         torch.ops.oxygen.packed_linear(torch.ones(2, 4), key)
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
+def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkeypatch) -> None:
+    """``kernels: auto`` times each stage both ways, keeps packed weights only where they are faster, stores the
+    verdict under a key of sizes, threads and torch, reads it back, and measures again for another key or a
+    corrupt file; the stacks' projections then follow it per row class."""
+    from conftest import make_model
+
+    from oxygen_ros.engine import kernel_choice
+    from oxygen_ros.engine.fusion import FEW_ROWS
+
+    model = make_model()
+    experts = [model.expert]
+    first = kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path)
+    assert first.source == "measured" and [t.stage for t in first.timings] == ["prefill", "decode", "denoise"]
+    for t in first.timings:
+        assert t.plain_ms > 0 and t.packed_ms > 0 and t.packed == (t.packed_ms <= kernel_choice.MARGIN * t.plain_ms)
+    assert (first.prefill, first.decode, first.denoise) == tuple(t.packed for t in first.timings)
+    bb, ex = model.backbone.fused().qkv[0].policy, model.expert.fused().down[3 % len(model.expert.layers)].policy
+    assert (bb.few, bb.many, ex.few, ex.many) == (first.decode, first.prefill, first.denoise, first.denoise)
+    stored = list(tmp_path.glob("kernels-*.json"))
+    assert len(stored) == 1
+    again = kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path)
+    assert again.source == "cached" and (again.prefill, again.decode, again.denoise) == (
+        first.prefill, first.decode, first.denoise)
+    stored[0].write_text("{not json")
+    assert kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path).source == "measured"
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key: measured, stored beside
+    assert kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path).source == "measured"
+    assert len(list(tmp_path.glob("kernels-*.json"))) == 2
+    monkeypatch.undo()
+
+    # a forced choice, and the row classes: packed only for the class asked
+    kernel_choice.choose(model.backbone, experts, 40, 10, "packed", tmp_path)
+    pw = model.backbone.fused().qkv[0]
+    pw.policy.few, pw.policy.many = True, False
+    calls = []
+    original = type(pw._packed).apply
+    monkeypatch.setattr(type(pw._packed), "apply", lambda self, x: calls.append(x.shape[0]) or original(self, x))
+    with torch.no_grad():
+        ref = torch.nn.functional.linear(torch.ones(FEW_ROWS + 1, pw.weight.shape[1]), pw.weight, pw.bias)
+        assert torch.allclose(pw(torch.ones(FEW_ROWS + 1, pw.weight.shape[1])), ref)
+        assert torch.allclose(pw(torch.ones(3, pw.weight.shape[1])), ref[:3], atol=1e-5)
+    assert calls == [3]
+    plain = kernel_choice.choose(model.backbone, experts, 40, 10, "plain", tmp_path)
+    assert plain.source == "plain" and model.backbone.fused().packed == (False, False)
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
+def test_engine_kernels_setting_gives_the_same_actions_and_tokens(tmp_path) -> None:
+    """Every ``EngineConfig.kernels`` runs the same frames to the same actions (1e-5) and tokens."""
+    from conftest import make_model, make_observation
+
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
+    from oxygen_ros.engine.requests import Frame, LanguageRequest
+
+    out = {}
+    for how in ("plain", "packed", "auto"):
+        model = make_model(seed=5, std=0.3)
+        eng = build_engine(model, EngineConfig(k=3, eos_id=-1, max_new_tokens=6, kernels=how,
+                                               compile_cache_dir=str(tmp_path)))
+        assert eng.runner.kernels.source in (how, "measured", "cached")
+        frames = [Frame(make_observation(model.config, prompt_lens=[9], seed=f),
+                        [LanguageRequest("narration", 5, [5, 7])] if f == 0 else [],
+                        torch.randn(1, model.config.action_horizon, model.config.action_dim,
+                                    generator=torch.Generator().manual_seed(f)), stamp=f) for f in range(3)]
+        results = [eng.step(fr) for fr in frames]
+        out[how] = ([r.actions[0] for r in results], [tuple(f.tokens) for r in results for f in r.finished])
+    for how in ("packed", "auto"):
+        assert out[how][1] == out["plain"][1] and len(out["plain"][1]) == 1
+        assert all((a - b).abs().max() <= 1e-5 for a, b in zip(out[how][0], out["plain"][0], strict=True))

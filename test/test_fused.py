@@ -136,7 +136,8 @@ def _run_mode(model: Pi05Model, mode: str, fused: bool, frames: list[Frame]):
     heads, lora = make_heads_and_lora(model)
     model.use_fused(fused)
     try:
-        eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=-1, max_new_tokens=8, max_inflight=6),
+        eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=-1, max_new_tokens=8, max_inflight=6,
+                                                kernels="keep"),
                            heads=heads, adapter=lora)
         if mode == "parallel":  # the language worker runs its own copy of the model
             eng.language_worker.model.use_fused(fused)

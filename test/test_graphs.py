@@ -51,7 +51,8 @@ def _frames(cfg, count: int, adapted: bool = True) -> list[Frame]:
 
 def _run(model: Pi05Model, frames: list[Frame], graphs: str, stance: str = "default", **cfg):
     heads, lora = make_heads_and_lora(model)
-    config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, **cfg, "graphs": graphs})
+    config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, "kernels": "keep", **cfg,
+                             "graphs": graphs})
     eng = build_engine(model, config, heads=heads, adapters={"a": lora})
     with torch.compiler.set_stance(stance):  # fail_on_recompile: the engine's warm-up compiled every step
         results = [eng.step(fr) for fr in frames]

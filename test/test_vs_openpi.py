@@ -27,9 +27,11 @@ def test_action_path_equals_sample_actions(tmp_path):
     assert obs.image_masks.tolist() == [[True, True, False]]
     reference = load_checkpoint(ckpt).sample_actions(obs, noise.clone(), num_steps=10)[0]
     assert reference.abs().max() > 0.05
-    for graphs in ("off", "static"):
-        actions = vs_openpi.ours_runner(load_checkpoint(ckpt), graphs)(obs, noise.clone())
+    for variant in ("off", "off:plain", "off:packed", "static"):
+        stages = {"prefill": [], "denoise": []}
+        actions = vs_openpi.ours_runner(load_checkpoint(ckpt), variant, stages)(obs, noise.clone())
         torch.testing.assert_close(actions.reshape(reference.shape), reference, atol=1e-5, rtol=0)
+        assert len(stages["prefill"]) == len(stages["denoise"]) == 1
     pobs = vs_openpi.openpi_observation(obs, cfg)
     assert pobs.images["left_wrist_0_rgb"].shape == (1, 3, cfg.vision.image_size, cfg.vision.image_size)
     assert not bool(pobs.image_masks["right_wrist_0_rgb"])
@@ -43,4 +45,5 @@ def test_plot_writes_png(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(record))
     vs_openpi.main(["plot", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png"), "--md", str(tmp_path / "r.md")])
     assert (tmp_path / "r.png").stat().st_size > 1000
-    assert "| tiny | 1 | 13.0 | nan | `graphs: off` | 4.6 | 2.90x | - | 1.2e-07 |" in (tmp_path / "r.md").read_text()
+    assert ("| tiny | 1 | 13.0 | nan | `graphs: off`, `kernels: auto` (node default) | 4.6 | 2.90x | - | 1.2e-07 |"
+            in (tmp_path / "r.md").read_text())

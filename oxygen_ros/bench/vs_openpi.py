@@ -130,18 +130,30 @@ def make_inputs(cfg, seed: int = 0):
     return obs, noise
 
 
-def ours_runner(model, graphs: str):
-    """The engine's model runner with ``graphs`` (the node's default: off), batch-1 action path."""
+def ours_runner(model, variant: str, stages: dict[str, list[float]] | None = None):
+    """The engine's model runner for ``variant`` = ``GRAPHS[:KERNELS]`` (the node's default: ``off``, kernels
+    ``auto``; ``off:plain`` is the plain fused path), batch-1 action path. ``stages``: when given, each call appends
+    its prefill and denoise seconds to ``stages["prefill"]`` / ``stages["denoise"]``."""
     from oxygen_ros.engine.model_runner import ModelRunner
     from oxygen_ros.engine.modes import EngineConfig
 
-    runner = ModelRunner(model, EngineConfig(num_steps=10, graphs=graphs, max_new_tokens=8), num_slots=2)
-    if runner.graphs is not None and graphs == "compile":
+    graphs, _, kernels = variant.partition(":")
+    runner = ModelRunner(model, EngineConfig(num_steps=10, graphs=graphs, max_new_tokens=8, kernels=kernels or "auto"),
+                         num_slots=2)
+    if runner.kernels is not None:
+        print(f"oxygen_{variant}: {runner.kernels.summary()}", flush=True)
+    if runner.graphs is not None and graphs in ("compile", "aot"):
         runner.graphs.warm_up()
 
     def act(obs, noise):
+        t0 = time.perf_counter()
         prefix = runner.prefill(runner.prepare(obs), 0)
-        return runner.denoise(prefix, noise)[0]
+        t1 = time.perf_counter()
+        out = runner.denoise(prefix, noise)[0]
+        if stages is not None:
+            stages["prefill"].append(t1 - t0)
+            stages["denoise"].append(time.perf_counter() - t1)
+        return out
     return act
 
 
@@ -182,11 +194,13 @@ def run(args: argparse.Namespace) -> None:
         model = model.to(torch.float32).eval()
         variants[name] = (lambda m: lambda o, n: m.sample_actions("cpu", o, noise=n, num_steps=10))(model)
     build_s = {}  # our graphs' build (compile: every step compiled in warm_up), before the first call
-    for graphs in args.ours:
+    stage_times: dict[str, dict[str, list[float]]] = {}
+    for variant in args.ours:
         model = load_checkpoint(ckpt)
         t0 = time.perf_counter()
-        variants[f"oxygen_{graphs}"] = ours_runner(model, graphs)
-        build_s[f"oxygen_{graphs}"] = time.perf_counter() - t0
+        stage_times[f"oxygen_{variant}"] = {"prefill": [], "denoise": []}
+        variants[f"oxygen_{variant}"] = ours_runner(model, variant, stage_times[f"oxygen_{variant}"])
+        build_s[f"oxygen_{variant}"] = time.perf_counter() - t0
 
     outputs, first_call_s = {}, {}
     for name, fn in variants.items():  # first call: includes compiling for the compiled variants
@@ -215,6 +229,8 @@ def run(args: argparse.Namespace) -> None:
                 variants[n](pobs if n.startswith("openpi") else obs, noise.clone())
                 times[n].append(time.perf_counter() - t0)
     median_ms = {n: 1e3 * statistics.median(t) for n, t in times.items()}
+    stage_median_ms = {n: {k: 1e3 * statistics.median(v[-args.rounds:]) for k, v in st.items()}
+                       for n, st in stage_times.items()}  # the measured rounds (the last ones)
     ratios = {}
     for base in [n for n in names if n.startswith("openpi")]:
         for n in [n for n in names if n.startswith("oxygen")]:
@@ -229,6 +245,7 @@ def run(args: argparse.Namespace) -> None:
         "max_abs_vs_openpi_eager": max_abs, "actions_abs_max": float(ref.abs().max()),
         "actions_std": float(ref.std()), "host": {"processor": platform.processor(), "cpus": os.cpu_count()},
         "first_call_s": first_call_s, "oxygen_build_s": build_s, "median_ms": median_ms,
+        "oxygen_stage_median_ms": stage_median_ms,
         "paired_median_ratio_openpi_over_ours": ratios, "times_s": times, "torch": torch.__version__,
         "uptime_before": uptime_before,
         "uptime_after": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip(),
@@ -261,19 +278,29 @@ def plot(args: argparse.Namespace) -> None:
         print("wrote", args.md)
 
 
+def variant_label(name: str) -> str:
+    """``oxygen_off`` -> "the node's default (`graphs: off`, `kernels: auto`)" and so on."""
+    graphs, _, kernels = name.removeprefix("oxygen_").partition(":")
+    label = f"`graphs: {graphs}`, `kernels: {kernels or 'auto'}`"
+    return label + (" (node default)" if (graphs, kernels) == ("off", "") else "")
+
+
 def summary_table(records: list[dict]) -> str:
-    """Markdown: per config x threads x our variant, medians and the paired ratios (openpi's time over ours)."""
-    lines = ["| config | threads | openpi eager ms | openpi compiled ms | oxygen_ros path | ours ms | vs openpi eager "
-             "| vs openpi compiled | max abs diff |", "|---|---|---|---|---|---|---|---|---|"]
+    """Markdown: per config x threads x our variant, medians (ours split into prefill + denoise) and the paired
+    ratios (openpi's time over ours)."""
+    lines = ["| config | threads | openpi eager ms | openpi compiled ms | oxygen_ros | ours ms (prefill + denoise) "
+             "| vs openpi eager | vs openpi compiled | max abs diff |", "|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
         med, ratio = rec["median_ms"], rec["paired_median_ratio_openpi_over_ours"]
+        stages = rec.get("oxygen_stage_median_ms", {})
         for n in [n for n in med if n.startswith("oxygen")]:
             compiled = ratio.get(f"openpi_compiled/{n}")
+            split = f" ({stages[n]['prefill']:.1f} + {stages[n]['denoise']:.1f})" if n in stages else ""
             lines.append(
                 f"| {rec['config']} | {rec['threads']} | {med['openpi_eager']:.1f} | "
-                f"{med.get('openpi_compiled', float('nan')):.1f} | `graphs: {n.removeprefix('oxygen_')}` | "
-                f"{med[n]:.1f} | {ratio[f'openpi_eager/{n}']:.2f}x | "
-                f"{'-' if compiled is None else f'{compiled:.2f}x'} | {rec['max_abs_vs_openpi_eager'][n]:.1e} |")
+                f"{med.get('openpi_compiled', float('nan')):.1f} | {variant_label(n)} | "
+                f"{med[n]:.1f}{split} | {ratio[f'openpi_eager/{n}']:.2f}x | "
+                f"{'-' if compiled is None else f'**{compiled:.2f}x**'} | {rec['max_abs_vs_openpi_eager'][n]:.1e} |")
     return "\n".join(lines) + "\n"
 
 
@@ -289,7 +316,9 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--std", type=float, default=0.02, help="init scale of the random weights")
     r.add_argument("--openpi-compile", default="max-autotune",
                    help="openpi's torch.compile mode (its default max-autotune; 'default'; 'none')")
-    r.add_argument("--ours", nargs="+", default=["off", "static", "compile"], help="oxygen_ros graphs backends")
+    r.add_argument("--ours", nargs="+", default=["off", "off:plain", "compile"],
+                   help="oxygen_ros variants GRAPHS[:KERNELS] (off = the node's default; off:plain = the plain fused "
+                        "path, every matrix product on MKL)")
     r.add_argument("--tolerance", type=float, default=1e-4)
     r.add_argument("--out", required=True)
     q = sub.add_parser("plot", help="PNG from run JSON files (the project's venv)")

@@ -20,8 +20,25 @@ from torch import nn
 from .packed_linear import PackedWeight, packed_available
 
 # oneDNN's packed inner product for decode, denoise and prefill rows (pi0.5's longest prefix: 968); measured on the
-# 1-thread AVX2 benchmark host, 1.1-1.2x faster than MKL's GEMM at 108-968 rows, 1.3-3x at 2-30
+# 1-thread AVX2 benchmark host, 1.1-1.2x faster than MKL's GEMM at 108-968 rows, 1.3-3x at 2-30. Whether it is
+# faster depends on the host, the thread count and the shape: ``kernel_choice.py`` measures it per stack and per row
+# class (FEW_ROWS or fewer: decode and the action chunk; more: a prefix)
 PACK_MAX_ROWS = 1024
+FEW_ROWS = 64
+
+
+class PackPolicy:
+    """Which calls of a stack's fused projections run on the packed weights: ``few`` (at most ``FEW_ROWS`` rows),
+    ``many`` (more, up to ``PACK_MAX_ROWS``). Shared by the stack's :class:`FusedLinear` (set in place)."""
+
+    def __init__(self, few: bool = True, many: bool = True) -> None:
+        self.few, self.many = few, many
+
+    def uses(self, rows: int) -> bool:
+        return self.few if rows <= FEW_ROWS else self.many and rows <= PACK_MAX_ROWS
+
+    def as_tuple(self) -> tuple[bool, bool]:
+        return self.few, self.many
 
 
 def alias_concat(params: Sequence[torch.Tensor]) -> torch.Tensor:
@@ -44,20 +61,22 @@ class FusedLinear:
         self.splits = [lin.out_features for lin in linears]
         self._first = linears[0].weight
         self._packed: PackedWeight | None = None
+        self.policy = PackPolicy(False, False)
 
     def valid(self) -> bool:
         """Whether the first source parameter still lives in the fused storage."""
         return self._first.data_ptr() == self.weight.data_ptr() and self._first.device == self.weight.device
 
-    def pack(self) -> None:
-        """Keep a oneDNN-packed copy for calls of up to ``PACK_MAX_ROWS`` rows (fp32 on CPU only; ``packed_linear``)."""
+    def pack(self, policy: PackPolicy | None = None) -> None:
+        """Keep a oneDNN-packed copy for the calls ``policy`` names (fp32 on CPU only; ``packed_linear``)."""
         w = self.weight
+        self.policy = policy or PackPolicy()
         if w.dtype == torch.float32 and w.device.type == "cpu" and packed_available():
             self._packed = PackedWeight(w, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         p = self._packed
-        if (p is None or x.numel() > PACK_MAX_ROWS * x.shape[-1] or x.dtype != torch.float32
+        if (p is None or x.dtype != torch.float32 or not self.policy.uses(x.numel() // x.shape[-1])
                 or torch.compiler.is_exporting()):  # an exported step takes the plain weight as an input
             return F.linear(x, self.weight, self.bias)
         return p(x)  # compiled steps too, through the opaque custom op
@@ -79,11 +98,12 @@ class FusedStack:
     down: list[FusedLinear]
     norm_weight: torch.Tensor | None
     cond: FusedLinear | None
-    packed: bool = False
+    packed: tuple[bool, bool] = (False, False)  # (few, many): the PackPolicy its projections follow
 
     @staticmethod
-    def build(stack: nn.Module, packed: bool = False) -> FusedStack:
-        """Fuse ``stack`` (a ``GemmaStack``) in place and describe its fused weights."""
+    def build(stack: nn.Module, packed: tuple[bool, bool] = (False, False)) -> FusedStack:
+        """Fuse ``stack`` (a ``GemmaStack``) in place and describe its fused weights; ``packed``: (few, many) rows
+        on oneDNN-packed weights (:class:`PackPolicy`)."""
         layers = list(stack.layers)
         norms = [n for layer in layers for n in (layer.input_layernorm, layer.post_attention_layernorm)]
         norms.append(stack.norm)
@@ -97,8 +117,8 @@ class FusedStack:
             else:
                 norm_weight, cond = alias_concat([n.weight for n in norms]).view(len(norms), -1), None
         fs = FusedStack(qkv, gate_up, o, down, norm_weight, cond)
-        if packed:
-            fs.pack()
+        if any(packed):
+            fs.pack(*packed)
         return fs
 
     def valid(self, stack: nn.Module) -> bool:
@@ -109,8 +129,12 @@ class FusedStack:
             return stack.norm.weight.data_ptr() == self.norm_weight[-1].data_ptr()
         return self.cond is not None and self.cond.valid()
 
-    def pack(self) -> None:
-        """oneDNN-packed copies of the projection matrices (CPU fp32 calls of up to ``PACK_MAX_ROWS`` rows)."""
-        self.packed = True
+    def pack(self, few: bool = True, many: bool = True) -> None:
+        """oneDNN-packed copies of the projection matrices, used for CPU fp32 calls of ``few`` / ``many`` rows."""
+        self.packed = (few, many)
+        if self.qkv[0]._packed is not None:  # packed already: only which calls use the copies changes
+            self.qkv[0].policy.few, self.qkv[0].policy.many = few, many
+            return
+        policy = PackPolicy(few, many)
         for f in (*self.qkv, *self.gate_up, *self.o, *self.down):
-            f.pack()
+            f.pack(policy)

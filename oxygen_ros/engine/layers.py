@@ -101,17 +101,21 @@ class GemmaStack(nn.Module):
             self.norm = AdaRMSNorm(cfg.width, cond_dim, cfg.rms_eps)
         self.fused()
 
-    def fused(self, refresh: bool = False, pack: bool | None = None) -> FusedStack:
+    def fused(self, refresh: bool = False, pack: bool | tuple[bool, bool] | None = None) -> FusedStack:
         """The stack's fused weights (fusion.py), fused again when a move or copy gave the parameters new storage.
 
-        ``pack``: keep oneDNN-packed copies of the fused projections from now on (``cpu_kernels.use_onednn``)."""
+        ``pack``: from now on, run the fused projections on oneDNN-packed copies (``True``: every call, as
+        ``cpu_kernels.use_onednn``; ``(few, many)``: calls of that row class, as ``kernel_choice`` measured)."""
         if pack is not None:
-            self.__dict__["_pack"] = pack
+            self.__dict__["_pack"] = (pack, pack) if isinstance(pack, bool) else tuple(pack)
         fs = self.__dict__.get("_fused")
         if fs is not None and torch.compiler.is_compiling():
             return fs  # a traced step (graphs.py) runs on the weights fused before tracing; no pointer checks
-        packed = self.__dict__.get("_pack", False)
-        if refresh or fs is None or not fs.valid(self) or packed != fs.packed:
+        packed = self.__dict__.get("_pack", (False, False))
+        if fs is not None and not refresh and packed != fs.packed and all(map(any, (packed, fs.packed))) \
+                and fs.valid(self):
+            fs.pack(*packed)  # from one packed policy to another: the packed copies stay
+        elif refresh or fs is None or not fs.valid(self) or packed != fs.packed:
             fs = self.__dict__["_fused"] = FusedStack.build(self, packed)
         return fs
 

@@ -42,6 +42,7 @@ ENGINE_MODES: tuple[str, ...] = tuple(MODE_SPECS)
 NODE_MODES: tuple[str, ...] = ("oxygen", "isolated", "shared_kv")  # the ROS node runs one model copy
 OVERFLOW_POLICIES: tuple[str, ...] = ("reject_newest", "drop_oldest")
 GRAPH_BACKENDS = ("off", "static", "cuda", "compile", "aot", "auto")  # EngineConfig.graphs (graphs.py)
+KERNEL_SETTINGS = ("auto", "plain", "packed", "keep")  # EngineConfig.kernels (kernel_choice.py)
 UNBOUNDED = 1 << 30  # decode budget of the modes that run each request to completion
 
 
@@ -69,6 +70,10 @@ class EngineConfig:
     # options it compiles them with (part of each step's cache key)
     compile_cache_dir: str | None = None
     compile_options: dict | None = None
+    # CPU float32 matrix products per stage (kernel_choice.py): auto (oneDNN's packed weights where a measurement
+    # on this host says they are faster, stored in compile_cache_dir) | plain (MKL's GEMM) | packed (everywhere) |
+    # keep (as the model's stacks are set, e.g. by cpu_kernels.use_onednn)
+    kernels: str = "auto"
     # real-time chunking (rtc.py): how a frame that carries the previous chunk's remainder (Frame.rtc) guides its
     # first action head's denoise toward it; None or disabled: every chunk from plain noise
     rtc: RTCConfig | None = None
@@ -85,6 +90,8 @@ class EngineConfig:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
         if self.graphs not in GRAPH_BACKENDS:
             raise ValueError(f"graphs must be one of {GRAPH_BACKENDS}, got {self.graphs!r}")
+        if self.kernels not in KERNEL_SETTINGS:
+            raise ValueError(f"kernels must be one of {KERNEL_SETTINGS}, got {self.kernels!r}")
 
     @property
     def spec(self) -> ModeSpec:

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from oxygen_ros.engine.kernel_choice import KERNEL_CHOICES
 from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 
@@ -132,8 +133,13 @@ class RunnerParams:
         'oxygen-compile). '
         'LoRA and speculative forwards stay eager.', choices=GRAPH_BACKENDS)
     compile_cache_dir: str = param('',
-        "Where graphs=aot keeps its compiled steps (keyed by model sizes, dtype, device, threads and torch "
-        "version); '' = $XDG_CACHE_HOME/oxygen_ros/compiled (~/.cache/oxygen_ros/compiled).")
+        "Where graphs=aot keeps its compiled steps and kernels=auto its measured choice (keyed by model sizes, "
+        "dtype, device, threads and torch version); '' = $XDG_CACHE_HOME/oxygen_ros/compiled "
+        "(~/.cache/oxygen_ros/compiled).")
+    kernels: str = param('auto',
+        "CPU float32 matrix products per stage (prefill, decode, denoise): auto (oneDNN's packed weights where a "
+        "measurement on this host at configure says they are faster, else MKL's GEMM; stored in "
+        "compile_cache_dir) | plain (MKL everywhere) | packed (oneDNN everywhere).", choices=KERNEL_CHOICES)
     ask_max_new_tokens: int = param(0,
         'Tokens of an answer whose goal asks for 0; 0 = max_new_tokens. A goal asking for more than '
         'max_new_tokens is aborted.', minimum=0, ros_name='ask.max_new_tokens')

@@ -172,7 +172,7 @@ def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
                         max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
                         speculate=p.speculate, graphs=p.graphs, rtc=rtc,
-                        compile_cache_dir=p.compile_cache_dir or None)
+                        compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels)
 
 
 def rtc_config(p: NodeParams, policy: Policy) -> RTCConfig | None:

@@ -130,6 +130,7 @@ class NodeParams:
     overflow: str = shared('overflow')
     graphs: str = shared('graphs')
     compile_cache_dir: str = shared('compile_cache_dir')
+    kernels: str = shared('kernels')
     # --- inputs
     camera_names: tuple[str, ...] = param((),
         'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '

@@ -174,7 +174,7 @@ def build_server(args: argparse.Namespace) -> PolicyServer:
                                  max_inflight=p.max_inflight, overflow=p.overflow, max_new_tokens=p.max_new_tokens,
                                  max_prompt_tokens=max(p.max_prompt_tokens, p.ask_max_prompt_tokens),
                                  eos_id=tok.eos_id, speculate=p.speculate, graphs=p.graphs,
-                                 compile_cache_dir=p.compile_cache_dir or None)
+                                 compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels)
     engine_config.validate()
     streams = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority)
