@@ -84,28 +84,28 @@ def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkey
     from oxygen_ros.engine.fusion import FEW_ROWS
 
     model = make_model()
-    experts = [model.expert]
-    first = kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path)
+    heads = [model.head_parts()]
+    first = kernel_choice.choose(model, heads, 10, "auto", tmp_path)
     assert first.source == "measured" and [t.stage for t in first.timings] == ["prefill", "decode", "denoise"]
     for t in first.timings:
-        assert t.plain_ms > 0 and t.packed_ms > 0 and t.packed == (t.packed_ms <= kernel_choice.MARGIN * t.plain_ms)
+        assert t.plain_ms > 0 and t.packed_ms > 0 and t.ratio > 0 and t.packed == (t.ratio <= kernel_choice.MARGIN)
     assert (first.prefill, first.decode, first.denoise) == tuple(t.packed for t in first.timings)
     bb, ex = model.backbone.fused().qkv[0].policy, model.expert.fused().down[3 % len(model.expert.layers)].policy
     assert (bb.few, bb.many, ex.few, ex.many) == (first.decode, first.prefill, first.denoise, first.denoise)
     stored = list(tmp_path.glob("kernels-*.json"))
     assert len(stored) == 1
-    again = kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path)
+    again = kernel_choice.choose(model, heads, 10, "auto", tmp_path)
     assert again.source == "cached" and (again.prefill, again.decode, again.denoise) == (
         first.prefill, first.decode, first.denoise)
     stored[0].write_text("{not json")
-    assert kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path).source == "measured"
+    assert kernel_choice.choose(model, heads, 10, "auto", tmp_path).source == "measured"
     monkeypatch.setattr(torch, "get_num_threads", lambda: 7)  # another key: measured, stored beside
-    assert kernel_choice.choose(model.backbone, experts, 40, 10, "auto", tmp_path).source == "measured"
+    assert kernel_choice.choose(model, heads, 10, "auto", tmp_path).source == "measured"
     assert len(list(tmp_path.glob("kernels-*.json"))) == 2
     monkeypatch.undo()
 
     # a forced choice, and the row classes: packed only for the class asked
-    kernel_choice.choose(model.backbone, experts, 40, 10, "packed", tmp_path)
+    kernel_choice.choose(model, heads, 10, "packed", tmp_path)
     pw = model.backbone.fused().qkv[0]
     pw.policy.few, pw.policy.many = True, False
     calls = []
@@ -116,7 +116,7 @@ def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkey
         assert torch.allclose(pw(torch.ones(FEW_ROWS + 1, pw.weight.shape[1])), ref)
         assert torch.allclose(pw(torch.ones(3, pw.weight.shape[1])), ref[:3], atol=1e-5)
     assert calls == [3]
-    plain = kernel_choice.choose(model.backbone, experts, 40, 10, "plain", tmp_path)
+    plain = kernel_choice.choose(model, heads, 10, "plain", tmp_path)
     assert plain.source == "plain" and model.backbone.fused().packed == (False, False)
 
 

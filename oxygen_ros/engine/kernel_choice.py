@@ -1,18 +1,19 @@
-"""Kernel choice by measurement: per stack and row class, oneDNN's packed inner product or MKL's GEMM.
+"""Kernel choice by measurement: per stage, oneDNN's packed inner product or MKL's GEMM.
 
 Which of the two is faster depends on the host, the thread count and the shape. Measured on the benchmark host
-(``small``, 2 threads): packed weights make the prefill 13% faster and the 10-step denoise 16% slower; on ``tiny``
-they make both slower. A global switch (``cpu_kernels.use_onednn``) cannot be right for every stage, so each stage's
-projections are timed both ways at the shapes it runs and the faster kept:
+(``small``, 2 threads): packed weights made the prefill 13% faster and the 10-step denoise 16% slower; on ``tiny``
+they make every stage slower. A global switch (``cpu_kernels.use_onednn``) cannot be right for every stage, so each
+stage is run both ways, on the model itself, and the faster kept:
 
-  stage     stack           rows                          row class (``fusion.FEW_ROWS``)
-  prefill   backbone        cameras x image tokens + prompt   many
-  decode    backbone        a few language rows               few
-  denoise   each action head  the chunk (H)                   few and many (a head runs one shape)
+  stage     stack              what is timed                                          row class (``FEW_ROWS``)
+  prefill   backbone           every camera and half the prompt length                many
+  decode    backbone           one decode step of ``DECODE_ROWS`` rows                 few
+  denoise   the action heads   the S-step loop of the first head                      the head's (one shape)
 
-Plain GEMM is the default: packed weights are kept only when they are at least ``MARGIN`` faster. A choice is
-stored in the compiled-step cache directory under a key of the sizes, the thread count, the torch version and the
-CPU, so a later configure reads it instead of measuring (about 0.3 s on ``small``).
+Runs alternate plain and packed; the verdict is the median of the paired ratios, and packed is kept only when it
+takes at most ``MARGIN`` of plain's time (plain, the reference kernel, wins ties). A choice is stored in the
+compiled-step cache directory under a key of the sizes, the thread count, the torch version and the CPU, so a later
+configure reads it instead of measuring (about 2 s on ``small``, 0.1 s on ``tiny``).
 """
 
 from __future__ import annotations
@@ -22,35 +23,41 @@ import logging
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
 from .compiled_store import default_cache_dir, digest
-from .fusion import FusedLinear, FusedStack
+from .kv_cache import KVCache
 from .layers import GemmaStack
+from .observation import Observation
 from .packed_linear import packed_available
+from .parts import HeadParts
 
 log = logging.getLogger(__name__)
 
 KERNEL_CHOICES = ("auto", "plain", "packed")  # EngineConfig.kernels, less "keep"
 MARGIN = 0.97  # packed must take at most this fraction of plain's time
 DECODE_ROWS = 4  # a typical decode batch (a single row always runs plain: a vector product either way)
+BUDGET_S = 0.6  # measuring time per stage (at least MIN_PAIRS pairs of runs, at most MAX_PAIRS)
+MIN_PAIRS, MAX_PAIRS = 5, 40
 
 
 @dataclass(frozen=True)
 class StageTiming:
-    """One stage's projections, timed both ways (median ms over interleaved repeats)."""
+    """One stage run both ways: median ms of each and the median of the paired ratios packed / plain."""
 
     stage: str
     rows: int
     plain_ms: float
     packed_ms: float
+    ratio: float
 
     @property
     def packed(self) -> bool:
-        return self.packed_ms <= MARGIN * self.plain_ms
+        return self.ratio <= MARGIN
 
 
 @dataclass
@@ -65,32 +72,63 @@ class KernelChoice:
 
     def summary(self) -> str:
         stages = ", ".join(f"{s} {'packed' if getattr(self, s) else 'plain'}" for s in ("prefill", "decode", "denoise"))
-        detail = "; ".join(f"{t.stage} {t.rows} rows: plain {t.plain_ms:.2f} ms, packed {t.packed_ms:.2f} ms"
-                           for t in self.timings)
+        detail = "; ".join(f"{t.stage} {t.rows} rows: plain {t.plain_ms:.2f} ms, packed {t.packed_ms:.2f} ms "
+                           f"(x{t.ratio:.2f})" for t in self.timings)
         return f"kernels ({self.source}): {stages}" + (f" [{detail}]" if detail else "")
 
 
-def _projections(fs: FusedStack, layer: int) -> list[FusedLinear]:
-    return [fs.qkv[layer], fs.o[layer], fs.gate_up[layer], fs.down[layer]]
-
-
-def time_stage(stack: GemmaStack, rows: int, repeats: int = 7) -> tuple[float, float]:
-    """Median ms of one layer's four projections at ``rows`` rows, plain GEMM and packed, interleaved."""
-    fs = stack.fused(pack=True)  # packed copies (fused once; the caller sets the final policy)
-    projections = _projections(fs, 0)
-    dev, dtype = projections[0].weight.device, projections[0].weight.dtype
-    inputs = [torch.randn(rows, f.weight.shape[1], device=dev, dtype=dtype) for f in projections]
-    packed = [f._packed for f in projections]  # noqa: SLF001
+def time_both(run: Callable[[], object], set_packed: Callable[[bool], None]) -> tuple[float, float, float]:
+    """Median ms of ``run`` plain and packed (``set_packed`` switches), in alternating pairs, and the median of
+    the paired ratios packed / plain."""
     times: dict[bool, list[float]] = {False: [], True: []}
+    start = time.perf_counter()
+    pair = 0
+    while pair < MIN_PAIRS or (pair < MAX_PAIRS and time.perf_counter() - start < BUDGET_S):
+        for use in (False, True) if pair % 2 else (True, False):
+            set_packed(use)
+            t0 = time.perf_counter()
+            run()
+            times[use].append(time.perf_counter() - t0)
+        pair += 1
+    pairs = list(zip(times[False][1:], times[True][1:], strict=True))  # the first pair warms both up
+    ratio = statistics.median(b / a for a, b in pairs)
+    return 1e3 * statistics.median(a for a, _ in pairs), 1e3 * statistics.median(b for _, b in pairs), ratio
+
+
+def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[StageTiming]:
+    """Run the prefill, one decode step and the denoise loop of ``model`` (random inputs, a scratch cache) with
+    plain and packed weights; leaves the stacks packed for every row class."""
+    cfg = model.config
+    dev = model.device
+    backbone, expert = model.backbone, head.stack
+    g = torch.Generator().manual_seed(0)
+    size = cfg.vision.image_size
+    tokens = torch.randint(3, cfg.vocab_size, (1, prefix_tokens), generator=g)
+    obs = Observation((torch.rand(1, cfg.num_cameras, 3, size, size, generator=g) * 2 - 1).to(dev, model.input_dtype),
+                      torch.ones(1, cfg.num_cameras, dtype=torch.bool, device=dev), tokens.to(dev),
+                      torch.ones(1, prefix_tokens, dtype=torch.bool, device=dev))
+    cache = KVCache(cfg, DECODE_ROWS, cfg.max_prefix_len + max(head.horizon, 2), dtype=model.dtype, device=dev)
+    noise = torch.randn(1, head.horizon, head.action_in_proj.in_features, generator=g).to(dev)
+    backbone.fused(pack=True)
+    expert.fused(pack=True)
+    timings = []
     with torch.no_grad():
-        for rep in range(repeats + 1):
-            for use in (False, True) if rep % 2 else (True, False):
-                t0 = time.perf_counter()
-                for f, p, x in zip(projections, packed, inputs, strict=True):
-                    p.apply(x) if use else torch.nn.functional.linear(x, f.weight, f.bias)
-                if rep:  # the first round warms both up
-                    times[use].append(time.perf_counter() - t0)
-    return 1e3 * statistics.median(times[False]), 1e3 * statistics.median(times[True])
+        prefix = model.prefill(obs, cache, slice(0, 1))
+        rows = int(obs.image_masks.sum()) * cfg.vision.tokens_per_image + prefix_tokens
+        timings.append(StageTiming("prefill", rows, *time_both(
+            lambda: model.prefill(obs, cache, slice(0, 1)), lambda on: backbone.fused(pack=(True, on)))))
+        for r in range(1, DECODE_ROWS):  # every decode row reads the same prefix
+            cache.k[:, r], cache.v[:, r], cache.valid[r] = cache.k[:, 0], cache.v[:, 0], cache.valid[0]
+        p = prefix.length
+        step = torch.full((DECODE_ROWS,), p, device=dev)
+        decode_tokens = torch.arange(3, 3 + DECODE_ROWS, device=dev)
+        timings.append(StageTiming("decode", DECODE_ROWS, *time_both(
+            lambda: model.decode_step(cache, slice(0, DECODE_ROWS), decode_tokens,
+                                      prefix.num_valid.expand(DECODE_ROWS), step, p + 1),
+            lambda on: backbone.fused(pack=(on, True)))))
+        timings.append(StageTiming("denoise", head.horizon, *time_both(
+            lambda: model.denoise(prefix, cache, noise, num_steps, head), lambda on: expert.fused(pack=on))))
+    return timings
 
 
 def _key(backbone: GemmaStack, experts: list[GemmaStack], rows: dict[str, int]) -> dict:
@@ -117,30 +155,31 @@ def _applicable(stack: GemmaStack) -> bool:
     return w.device.type == "cpu" and w.dtype == torch.float32 and packed_available()
 
 
-def choose(backbone: GemmaStack, experts: list[GemmaStack], prefix_rows: int, action_rows: int, how: str = "auto",
+def choose(model, heads: list[HeadParts], num_steps: int, how: str = "auto",
            cache_dir: str | Path | None = None) -> KernelChoice:
-    """Decide (``how`` = auto: measure, or read a stored measurement) and apply the kernels of ``backbone`` (prefill,
-    decode) and ``experts`` (denoise). Off CPU float32 or without oneDNN every stage stays plain."""
+    """Decide (``how`` = auto: measure, or read a stored measurement) and apply the kernels of ``model``'s backbone
+    (prefill, decode) and of the action ``heads`` (denoise). Off CPU float32 or without oneDNN every stage stays
+    plain."""
     if how not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {how!r}")
-    stacks = [backbone, *experts]
-    if not all(_applicable(s) for s in stacks):
+    backbone, experts = model.backbone, [h.stack for h in heads]
+    if not all(_applicable(s) for s in [backbone, *experts]):
         choice = KernelChoice(False, False, False, "unavailable", [])
     elif how != "auto":
         on = how == "packed"
         choice = KernelChoice(on, on, on, how, [])
     else:
-        rows = {"prefill": prefix_rows, "decode": DECODE_ROWS, "denoise": action_rows}
-        key = _key(backbone, experts, rows)
+        cfg = model.config
+        prefix_tokens = max(1, cfg.max_token_len // 2)
+        key = _key(backbone, experts, {"cameras": cfg.num_cameras, "image_tokens": cfg.vision.tokens_per_image,
+                                       "prompt": prefix_tokens, "horizon": heads[0].horizon, "steps": num_steps})
         path = Path(cache_dir) if cache_dir else default_cache_dir()
         path = path / f"kernels-{digest(key)[:20]}.json"
         choice = _read(path, key)
         if choice is None:
-            timings = [StageTiming("prefill", prefix_rows, *time_stage(backbone, prefix_rows)),
-                       StageTiming("decode", DECODE_ROWS, *time_stage(backbone, DECODE_ROWS))]
-            # one action head stands for all: they share the chunk's shape (the widths may differ, rarely the
+            # the first head stands for all: they share the chunk's shape (their widths may differ, rarely the
             # verdict)
-            timings.append(StageTiming("denoise", action_rows, *time_stage(experts[0], action_rows)))
+            timings = measure(model, heads[0], num_steps, prefix_tokens)
             choice = KernelChoice(*(t.packed for t in timings), "measured", timings)
             _write(path, key, choice)
     backbone.fused(pack=(choice.decode, choice.prefill))

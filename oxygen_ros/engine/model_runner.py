@@ -55,10 +55,9 @@ class ModelRunner:
         # + speculate: a row's drafts (and the padding of shorter rows) may run past its last real position
         length = cfg.max_prefix_len + longest + config.speculate
         self.cache = KVCache(cfg, num_slots, length, dtype=model.dtype, device=model.device)
+        # which CPU kernels each stage's matrix products run on (kernel_choice.py; None: as the model is set)
         self.kernels = None if config.kernels == "keep" else choose(
-            model.backbone, [h.stack for h in self.heads],
-            prefix_rows=cfg.num_cameras * cfg.vision.tokens_per_image + cfg.max_token_len // 2,
-            action_rows=self.heads[0].horizon, how=config.kernels, cache_dir=config.compile_cache_dir)
+            model, self.heads, self.num_steps, config.kernels, config.compile_cache_dir)
         backend = resolve_backend(config.graphs, model.device)
         # static-shape / captured denoise and decode steps (graphs.py); None: eager
         self.rtc = config.rtc if config.rtc is not None and config.rtc.enabled else None
