@@ -181,8 +181,21 @@ def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KV
 
 def time_conditioning(model: Pi05Model, head: HeadParts, times: list[float]) -> list[list[Norm]]:
     """Per denoise step, every adaRMS norm's (1 + scale, shift, gate) of ``head``'s stack: one time MLP and one
-    matrix product for all steps."""
+    matrix product for all steps, computed once per set of times and weights (a frame's denoise reads the memo;
+    an in-place load or a move of the weights computes it again)."""
     fs = head.stack.fused()
+    sources = (fs.cond.weight, head.time_mlp_in.weight, head.time_mlp_out.weight, head.time_mlp_in.bias,
+               head.time_mlp_out.bias, fs.cond.bias)
+    key = (tuple(times), model.rounded, *((t.data_ptr(), t._version) for t in sources if t is not None))
+    memo = fs.__dict__.setdefault("_time_conditioning", {})
+    if key not in memo:
+        with torch.inference_mode(False):  # kept across frames: normal tensors
+            memo.clear()
+            memo[key] = _time_conditioning(model, head, fs, times)
+    return memo[key]
+
+
+def _time_conditioning(model: Pi05Model, head: HeadParts, fs: FusedStack, times: list[float]) -> list[list[Norm]]:
     w = head.action_in_proj.out_features
     t = torch.tensor(times, dtype=torch.float32, device=model.device)
     cond = sinusoidal_time_embedding(t, w).to(head.time_mlp_in.weight.dtype)

@@ -49,7 +49,8 @@ class KVCache:
         key = (rows.start, rows.stop)
         views = self._views.get(key)
         if views is None:
-            views = self._views[key] = (list(self.k[:, rows].unbind(0)), list(self.v[:, rows].unbind(0)))
+            with torch.inference_mode(False):  # memoised: views made in inference mode could not be written later
+                views = self._views[key] = (list(self.k[:, rows].unbind(0)), list(self.v[:, rows].unbind(0)))
         return views
 
     @property

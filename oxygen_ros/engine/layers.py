@@ -112,11 +112,13 @@ class GemmaStack(nn.Module):
         if fs is not None and torch.compiler.is_compiling():
             return fs  # a traced step (graphs.py) runs on the weights fused before tracing; no pointer checks
         packed = self.__dict__.get("_pack", (False, False))
-        if fs is not None and not refresh and packed != fs.packed and all(map(any, (packed, fs.packed))) \
-                and fs.valid(self):
-            fs.pack(*packed)  # from one packed policy to another: the packed copies stay
-        elif refresh or fs is None or not fs.valid(self) or packed != fs.packed:
-            fs = self.__dict__["_fused"] = FusedStack.build(self, packed)
+        if fs is not None and not refresh and packed == fs.packed and fs.valid(self):
+            return fs
+        with torch.inference_mode(False):  # the parameters become views of the fused weights: normal tensors
+            if fs is not None and not refresh and all(map(any, (packed, fs.packed))) and fs.valid(self):
+                fs.pack(*packed)  # from one packed policy to another: the packed copies stay
+            else:
+                fs = self.__dict__["_fused"] = FusedStack.build(self, packed)
         return fs
 
     def _apply(self, fn, recurse: bool = True):

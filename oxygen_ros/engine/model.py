@@ -232,7 +232,8 @@ class Pi05Model(nn.Module):
         num_valid = valid.sum(1)
         last = torch.arange(p, device=valid.device).masked_fill(~valid, -1).argmax(1)
         if self.fused:
-            h = fast_path.prefill(self, embs, valid, cache, rows, last=last)[:, 0]
+            with torch.inference_mode():  # no autograd bookkeeping per op (the fast path's tensors are scratch)
+                h = fast_path.prefill(self, embs, valid, cache, rows, last=last)[:, 0]
         else:
             h = self._prefill_eager(embs, valid, cache, rows)[torch.arange(b, device=valid.device), last]
         last_hidden, _ = self.backbone.norm(h)
@@ -281,7 +282,9 @@ class Pi05Model(nn.Module):
             if guide.vjp:
                 return self._denoise_vjp(prefix, cache, noise, num_steps, head, guide)
         if self.fused:
-            return fast_path.denoise(self, prefix, cache, noise, num_steps, head, guide)
+            with torch.inference_mode():  # no autograd bookkeeping per op; the chunk returned is a normal tensor
+                actions = fast_path.denoise(self, prefix, cache, noise, num_steps, head, guide)
+            return actions.clone()
         dev = noise.device
         positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
         cos, sin = self._rope(positions)
