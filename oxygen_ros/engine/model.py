@@ -358,8 +358,10 @@ class Pi05Model(nn.Module):
         """
         if self.fused:
             cache.valid[rows][torch.arange(tokens.shape[0], device=tokens.device), write_index] = True
-            return fast_path.decode_tokens(self, cache, rows, tokens[:, None], positions[:, None],
-                                           write_index[:, None], attn_len, lora)[:, 0]
+            with torch.inference_mode():  # no autograd bookkeeping per op; the logits returned are a normal tensor
+                logits = fast_path.decode_tokens(self, cache, rows, tokens[:, None], positions[:, None],
+                                                 write_index[:, None], attn_len, lora)
+            return logits[:, 0].clone()
         b = tokens.shape[0]
         ar = torch.arange(b, device=tokens.device)
         valid = cache.valid[rows]
@@ -391,7 +393,9 @@ class Pi05Model(nn.Module):
 
         Token j attends to the row's valid cache positions in [0, attn_len) and to its tokens 0..j; nothing is
         marked valid (the caller keeps what it accepts). Always the fused path (speculative verification)."""
-        return fast_path.decode_tokens(self, cache, rows, tokens, positions, write_index, attn_len, lora)
+        with torch.inference_mode():
+            logits = fast_path.decode_tokens(self, cache, rows, tokens, positions, write_index, attn_len, lora)
+        return logits.clone()
 
     # ------------------------------------------------------------------------------------------ public API
     @torch.no_grad()
