@@ -1,4 +1,4 @@
-"""oxygen_ros against openpi's own PyTorch pi0.5, side by side: same weights, same inputs, one process, rotated calls.
+"""oxygen_ros against openpi's own PyTorch pi0.5, side by side: same weights, same inputs, one process, shuffled calls.
 
 ``run`` executes in openpi's side environment (never in the test suite), with this repository on ``PYTHONPATH``:
 
@@ -9,8 +9,8 @@
 It writes a random ``config``-sized pi0.5 in openpi's checkpoint layout (our ``save_checkpoint``), loads it in
 openpi's ``PI0Pytorch`` (``safetensors.torch.load_model``, strict, as ``create_trained_policy`` does) and in
 oxygen_ros (``load_checkpoint``), checks that every variant's actions agree with openpi eager (fp32), then times the
-action path (prefill + denoise, batch 1) of every variant in rotated rounds. ``plot`` (the project's venv, which has
-matplotlib) turns the JSON files into one PNG.
+action path (prefill + denoise, batch 1) of every variant in rounds of shuffled order. ``plot`` (the project's venv,
+which has matplotlib) turns the JSON files into one PNG.
 
 openpi runs with the patches of ``test/fixtures/openpi/make_openpi_fixtures.py`` that apply to a bare model (P0
 lerobot stub, P1 sizes, P2 fp32), plus one more: its observation preprocessing is told the image size of the
@@ -24,6 +24,7 @@ import functools
 import json
 import os
 import platform
+import random
 import statistics
 import subprocess
 import sys
@@ -222,8 +223,11 @@ def run(args: argparse.Namespace) -> None:
         for _ in range(args.warmup):
             for n in names:
                 variants[n](pobs if n.startswith("openpi") else obs, noise.clone())
-        for r in range(args.rounds):
-            order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+        shuffle = random.Random(args.seed)
+        for _ in range(args.rounds):
+            # a fresh order every round: who goes first and who follows whom both vary (with a fixed rotation a
+            # variant always ran after the same other one, whose leftovers in caches and allocator it inherited)
+            order = shuffle.sample(names, len(names))
             for n in order:
                 t0 = time.perf_counter()
                 variants[n](pobs if n.startswith("openpi") else obs, noise.clone())
