@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 from conftest import random_policy
@@ -162,6 +164,9 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
 
         assert probe.wait_for(diagnosed, 5), probe.diagnostics()
         assert probe.diagnostics().get("graphs") == "static"
+        # kernels: auto measured the stages at configure (or read a stored verdict) and reports the choice
+        assert re.fullmatch(r"prefill (packed|plain), decode (packed|plain), denoise (packed|plain) "
+                            r"\((measured|cached|unavailable)\)", probe.diagnostics().get("kernels", ""))
     finally:
         probe.close()
         assert node.stop() == 0

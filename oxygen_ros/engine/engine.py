@@ -137,6 +137,16 @@ class Engine:
         """The ``graphs`` backend that runs (``auto`` resolved; ``off``: eager)."""
         return self.runner.graphs.backend if self.runner.graphs is not None else "off"
 
+    @property
+    def kernels(self) -> str:
+        """The CPU kernels each stage runs on (``kernel_choice.py``), e.g. ``prefill packed, decode packed,
+        denoise plain (measured)``; ``keep`` when the engine left the model as it was set."""
+        k = self.runner.kernels
+        if k is None:
+            return "keep"
+        return ", ".join(f"{s} {'packed' if getattr(k, s) else 'plain'}" for s in ("prefill", "decode", "denoise")) \
+            + f" ({k.source})"
+
     def memory_bytes(self) -> int:
         """Parameters + KV pool of this engine."""
         return self.runner.memory_bytes()
