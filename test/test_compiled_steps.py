@@ -64,7 +64,7 @@ def _frames(cfg, count: int) -> list[Frame]:
 def _run(model: Pi05Model, frames: list[Frame], graphs: str, cache_dir: Path, mode: str = "oxygen"):
     heads, lora = make_heads_and_lora(model)
     config = EngineConfig(k=8, eos_id=-1, max_new_tokens=8, max_inflight=1, mode=mode, graphs=graphs,
-                          rtc=RTCConfig(), compile_cache_dir=str(cache_dir))
+                          graph_stages="all", rtc=RTCConfig(), compile_cache_dir=str(cache_dir))
     eng = build_engine(model, config, heads=heads, adapters={"a": lora})
     results = [eng.step(fr) for fr in frames]
     close = getattr(eng, "close", None)

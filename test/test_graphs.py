@@ -7,6 +7,7 @@ with the host, so CUDA can capture them); torch.compile of them gives the same t
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -51,7 +52,8 @@ def _frames(cfg, count: int, adapted: bool = True) -> list[Frame]:
 
 def _run(model: Pi05Model, frames: list[Frame], graphs: str, stance: str = "default", **cfg):
     heads, lora = make_heads_and_lora(model)
-    config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, "kernels": "keep", **cfg,
+    config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, "kernels": "keep",
+                             "graph_stages": "all", **cfg,
                              "graphs": graphs})
     eng = build_engine(model, config, heads=heads, adapters={"a": lora})
     with torch.compiler.set_stance(stance):  # fail_on_recompile: the engine's warm-up compiled every step
@@ -90,6 +92,7 @@ def test_static_decode_over_a_reused_pool_and_k_auto(model: Pi05Model) -> None:
         got = {}
         for g in ("static", "off"):
             eng = build_engine(model, EngineConfig(k=k, eos_id=-1, max_new_tokens=10, max_inflight=5, graphs=g,
+                                                   graph_stages="all",
                                                    **extra))
             if g == "static":
                 eng.runner.graphs.warm_up()  # what a CUDA engine does when built: leaves the pool as it found it
@@ -114,6 +117,42 @@ def test_buckets_and_backends() -> None:
         resolve_backend("cuda", torch.device("cpu"))
     with pytest.raises(ValueError, match="graphs must be one of"):
         EngineConfig(graphs="fast").validate()
+
+
+def test_graph_stages_are_chosen_by_measurement_and_routed(smooth: Pi05Model, monkeypatch) -> None:
+    """``graph_stages: auto`` times each action stage's graph step against the fused eager path when the engine is
+    built and keeps the graph step only where it is not slower; frames then run each stage where it was kept, with
+    the same actions and tokens as all-eager."""
+    frames = [Frame(f.observation, f.requests, f.noise[0], stamp=f.stamp)
+              for f in _frames(smooth.config, 3, adapted=False)]
+    config = EngineConfig(k=2, eos_id=-1, max_new_tokens=8, max_inflight=6)
+    ref = _run_on(build_engine(smooth, config), frames)
+    assert len(ref[1]) >= 1
+    for prefill_on, denoise_on in ((True, False), (False, True)):
+        eng = build_engine(smooth, dataclasses.replace(config, graphs="static"))
+        runner = eng.runner
+        assert [t.stage for t in runner.graph_timings] == ["prefill", "denoise"]
+        for t in runner.graph_timings:
+            assert t.plain_ms > 0 and t.packed_ms > 0 and runner.graph_stages[t.stage] == (t.ratio <= 1.0)
+        assert not runner.cache.valid.any()  # the measurement left the pool empty
+        calls = []
+        for name in ("prefill", "denoise"):
+            original = getattr(runner.graphs, name)
+            monkeypatch.setattr(runner.graphs, name,
+                                lambda *a, _o=original, _n=name, _c=calls, **k: _c.append(_n) or _o(*a, **k))
+        runner.graph_stages = {"prefill": prefill_on, "denoise": denoise_on}
+        got = _run_on(eng, frames)
+        assert calls == [s for _ in frames for s, on in (("prefill", prefill_on), ("denoise", denoise_on)) if on]
+        assert eng.graph_stages == (f"prefill {'static' if prefill_on else 'off'}, "
+                                    f"denoise {'static' if denoise_on else 'off'}")
+        assert got[1] == ref[1]
+        for a, b in zip(got[0], ref[0], strict=True):
+            assert all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))
+
+
+def _run_on(eng, frames: list[Frame]):
+    results = [eng.step(fr) for fr in frames]
+    return [r.actions for r in results], sorted(tuple(f.tokens) for r in results for f in r.finished)
 
 
 @torch.no_grad()

@@ -45,7 +45,8 @@ def _frames(cfg, count: int, delay: int = 2) -> list[Frame]:
 
 
 def _run(model: Pi05Model, frames: list[Frame], rtc: RTCConfig | None, graphs: str = "off", **cfg):
-    config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, **cfg, "graphs": graphs,
+    config = EngineConfig(**{"k": 2, "eos_id": -1, "max_new_tokens": 8, "max_inflight": 6, "graph_stages": "all", **cfg,
+                             "graphs": graphs,
                              "rtc": rtc})
     eng = build_engine(model, config)
     results = [eng.step(fr) for fr in frames]

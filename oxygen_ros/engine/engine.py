@@ -72,6 +72,8 @@ class Engine:
         self.runner = ModelRunner(model, self.config, num_slots, heads, adapter, adapter_tasks, adapters)
         if self.runner.graphs is not None and self.runner.graphs.backend in ("cuda", "compile", "aot"):
             self.runner.graphs.warm_up()  # capture / compile / load every step now, not inside a frame
+        if self.runner.graphs is not None and self.config.graph_stages == "auto":
+            self.runner.choose_graph_stages()
         if self.config.speculate and drafts is None:
             drafts = LastOutputDrafts()
         self.scheduler = Scheduler(self.config, num_slots, batched=self.spec.batched,
@@ -136,6 +138,13 @@ class Engine:
     def graphs_backend(self) -> str:
         """The ``graphs`` backend that runs (``auto`` resolved; ``off``: eager)."""
         return self.runner.graphs.backend if self.runner.graphs is not None else "off"
+
+    @property
+    def graph_stages(self) -> str:
+        """Which action stages run their graph step, e.g. ``prefill off, denoise aot`` (``off``: fused eager)."""
+        backend = self.graphs_backend
+        return ", ".join(f"{s} {backend if on else 'off'}" for s, on in self.runner.graph_stages.items()) \
+            if backend != "off" else "prefill off, denoise off"
 
     @property
     def kernels(self) -> str:

@@ -77,22 +77,33 @@ class KernelChoice:
         return f"kernels ({self.source}): {stages}" + (f" [{detail}]" if detail else "")
 
 
-def time_both(run: Callable[[], object], set_packed: Callable[[bool], None]) -> tuple[float, float, float]:
-    """Median ms of ``run`` plain and packed (``set_packed`` switches), in alternating pairs, and the median of
-    the paired ratios packed / plain."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+def time_pair(first: Callable[[], object], second: Callable[[], object]) -> tuple[float, float, float]:
+    """Median ms of ``first`` and ``second`` (CPU work), run in alternating pairs (at least ``MIN_PAIRS``, then
+    until ``BUDGET_S``), and the median of the paired ratios second / first."""
+    times: tuple[list[float], list[float]] = ([], [])
+    runs = (first, second)
     start = time.perf_counter()
     pair = 0
     while pair < MIN_PAIRS or (pair < MAX_PAIRS and time.perf_counter() - start < BUDGET_S):
-        for use in (False, True) if pair % 2 else (True, False):
-            set_packed(use)
+        for j in (0, 1) if pair % 2 else (1, 0):
             t0 = time.perf_counter()
-            run()
-            times[use].append(time.perf_counter() - t0)
+            runs[j]()
+            times[j].append(time.perf_counter() - t0)
         pair += 1
-    pairs = list(zip(times[False][1:], times[True][1:], strict=True))  # the first pair warms both up
+    pairs = list(zip(times[0][1:], times[1][1:], strict=True))  # the first pair warms both up
     ratio = statistics.median(b / a for a, b in pairs)
     return 1e3 * statistics.median(a for a, _ in pairs), 1e3 * statistics.median(b for _, b in pairs), ratio
+
+
+def synthetic_observation(model, prompt_tokens: int) -> Observation:
+    """Random inputs shaped as a frame's: every camera, ``prompt_tokens`` prompt tokens (on the model's device)."""
+    cfg, dev = model.config, model.device
+    g = torch.Generator().manual_seed(0)
+    size = cfg.vision.image_size
+    images = torch.rand(1, cfg.num_cameras, 3, size, size, generator=g) * 2 - 1
+    tokens = torch.randint(3, cfg.vocab_size, (1, prompt_tokens), generator=g)
+    return Observation(images.to(dev, model.input_dtype), torch.ones(1, cfg.num_cameras, dtype=torch.bool, device=dev),
+                       tokens.to(dev), torch.ones(1, prompt_tokens, dtype=torch.bool, device=dev))
 
 
 def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[StageTiming]:
@@ -101,33 +112,35 @@ def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[
     cfg = model.config
     dev = model.device
     backbone, expert = model.backbone, head.stack
-    g = torch.Generator().manual_seed(0)
-    size = cfg.vision.image_size
-    tokens = torch.randint(3, cfg.vocab_size, (1, prefix_tokens), generator=g)
-    obs = Observation((torch.rand(1, cfg.num_cameras, 3, size, size, generator=g) * 2 - 1).to(dev, model.input_dtype),
-                      torch.ones(1, cfg.num_cameras, dtype=torch.bool, device=dev), tokens.to(dev),
-                      torch.ones(1, prefix_tokens, dtype=torch.bool, device=dev))
+    obs = synthetic_observation(model, prefix_tokens)
     cache = KVCache(cfg, DECODE_ROWS, cfg.max_prefix_len + max(head.horizon, 2), dtype=model.dtype, device=dev)
-    noise = torch.randn(1, head.horizon, head.action_in_proj.in_features, generator=g).to(dev)
+    noise = torch.randn(1, head.horizon, head.action_in_proj.in_features, generator=torch.Generator().manual_seed(1))
+    noise = noise.to(dev)
     backbone.fused(pack=True)
     expert.fused(pack=True)
+
+    def both(set_packed: Callable[[bool], None], run: Callable[[], object]) -> tuple[float, float, float]:
+        def with_kernel(packed: bool) -> Callable[[], object]:
+            return lambda: (set_packed(packed), run())
+        return time_pair(with_kernel(False), with_kernel(True))
+
     timings = []
     with torch.no_grad():
         prefix = model.prefill(obs, cache, slice(0, 1))
         rows = int(obs.image_masks.sum()) * cfg.vision.tokens_per_image + prefix_tokens
-        timings.append(StageTiming("prefill", rows, *time_both(
-            lambda: model.prefill(obs, cache, slice(0, 1)), lambda on: backbone.fused(pack=(True, on)))))
+        timings.append(StageTiming("prefill", rows, *both(
+            lambda on: backbone.fused(pack=(True, on)), lambda: model.prefill(obs, cache, slice(0, 1)))))
         for r in range(1, DECODE_ROWS):  # every decode row reads the same prefix
             cache.k[:, r], cache.v[:, r], cache.valid[r] = cache.k[:, 0], cache.v[:, 0], cache.valid[0]
         p = prefix.length
         step = torch.full((DECODE_ROWS,), p, device=dev)
         decode_tokens = torch.arange(3, 3 + DECODE_ROWS, device=dev)
-        timings.append(StageTiming("decode", DECODE_ROWS, *time_both(
+        timings.append(StageTiming("decode", DECODE_ROWS, *both(
+            lambda on: backbone.fused(pack=(on, True)),
             lambda: model.decode_step(cache, slice(0, DECODE_ROWS), decode_tokens,
-                                      prefix.num_valid.expand(DECODE_ROWS), step, p + 1),
-            lambda on: backbone.fused(pack=(on, True)))))
-        timings.append(StageTiming("denoise", head.horizon, *time_both(
-            lambda: model.denoise(prefix, cache, noise, num_steps, head), lambda on: expert.fused(pack=on))))
+                                      prefix.num_valid.expand(DECODE_ROWS), step, p + 1))))
+        timings.append(StageTiming("denoise", head.horizon, *both(
+            lambda on: expert.fused(pack=on), lambda: model.denoise(prefix, cache, noise, num_steps, head))))
     return timings
 
 

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from .graphs import FrameGraphs, resolve_backend
-from .kernel_choice import choose
+from .kernel_choice import StageTiming, choose, synthetic_observation, time_pair
 from .kv_cache import KVCache
 from .lora import LoraAdapter, LoraSet, batch_lora
 from .model import Pi05Model, Prefix
@@ -70,6 +70,10 @@ class ModelRunner:
         self._host_inputs = torch.zeros(3, num_slots, dtype=torch.long, pin_memory=self._device.type == "cuda")
         self._host_rows = self._host_inputs.numpy()
         self._batch_cache: KVCache | None = None  # prefixes of a batched action frame (step_batch), grown on demand
+        # which action stages run their graph step (the rest runs the fused eager path): all, until
+        # choose_graph_stages measured them
+        self.graph_stages: dict[str, bool] = {"prefill": True, "denoise": True}
+        self.graph_timings: list[StageTiming] = []
 
     @property
     def device(self) -> torch.device:
@@ -92,9 +96,34 @@ class ModelRunner:
             raise ValueError(f"prompt of {obs.tokens.shape[1]} tokens exceeds max_token_len={cfg.max_token_len}")
         return obs.to(self.model.device, self.model.input_dtype)
 
+    def choose_graph_stages(self) -> None:
+        """Time each action stage's graph step against the fused eager path (which skips masked work, so it can win
+        where a static shape pays for padding) on a synthetic frame, and keep the graph step only where it is not
+        slower. CPU only: on CUDA the captured graphs stay (timing them needs synchronisation and they win)."""
+        if self.graphs is None or self.device.type != "cpu":
+            return
+        model, slot = self.model, 0  # before any frame: slot 0 is free (warm_up used it the same way)
+        obs = synthetic_observation(model, max(1, model.config.max_token_len // 2))
+        head = self.heads[0]
+        noise = [torch.randn(1, h.horizon, h.action_in_proj.in_features, device=self.device) for h in self.heads]
+        timings = []
+        with torch.no_grad():
+            eager_prefix = model.prefill(obs, self.cache, slice(slot, slot + 1))
+            timings.append(StageTiming("prefill", eager_prefix.length, *time_pair(
+                lambda: model.prefill(obs, self.cache, slice(slot, slot + 1)),
+                lambda: self.graphs.prefill(obs, slot))))
+            eager_prefix = model.prefill(obs, self.cache, slice(slot, slot + 1))
+            timings.append(StageTiming("denoise", head.horizon, *time_pair(
+                lambda: [model.denoise(eager_prefix, self.cache, n, self.num_steps, h)
+                         for h, n in zip(self.heads, noise, strict=True)],
+                lambda: self.graphs.denoise(eager_prefix, noise))))
+        self.cache.reset(slice(slot, slot + 1))
+        self.graph_timings = timings
+        self.graph_stages = {t.stage: t.ratio <= 1.0 for t in timings}
+
     def prefill(self, obs: Observation, slot: int) -> Prefix:
         """Prefill the observation into cache slot ``slot`` (static-shape, at the padded length, with graphs)."""
-        if self.graphs is not None and self.graphs.covers_observation(obs):
+        if self.graphs is not None and self.graph_stages["prefill"] and self.graphs.covers_observation(obs):
             return self.graphs.prefill(obs, slot)
         return self.model.prefill(obs, self.cache, slice(slot, slot + 1))
 
@@ -111,7 +140,8 @@ class ModelRunner:
         """One [H, A] chunk per action head, each denoised from ``prefix`` (read-only); ``noise`` is one tensor for
         every head or one per head; ``guide`` (:meth:`guide`) steers the first head's."""
         noises = noise if isinstance(noise, list | tuple) else [noise] * len(self.heads)
-        if self.graphs is not None and self.graphs.covers_prefix(prefix) and self.graphs.covers_guide(guide):
+        if self.graphs is not None and self.graph_stages["denoise"] and self.graphs.covers_prefix(prefix) \
+                and self.graphs.covers_guide(guide):
             dev = self.device
             noises = [torch.randn(1, h.horizon, h.action_in_proj.in_features, device=dev) if n is None else n
                       for h, n in zip(self.heads, noises, strict=True)]

@@ -74,6 +74,9 @@ class EngineConfig:
     # on this host says they are faster, stored in compile_cache_dir) | plain (MKL's GEMM) | packed (everywhere) |
     # keep (as the model's stacks are set, e.g. by cpu_kernels.use_onednn)
     kernels: str = "auto"
+    # with graphs on CPU, which action stages (prefill, denoise) run their graph step: auto (each where a measurement
+    # at build says it is not slower than the fused eager path, which skips masked work) | all
+    graph_stages: str = "auto"
     # real-time chunking (rtc.py): how a frame that carries the previous chunk's remainder (Frame.rtc) guides its
     # first action head's denoise toward it; None or disabled: every chunk from plain noise
     rtc: RTCConfig | None = None
@@ -90,6 +93,8 @@ class EngineConfig:
             raise ValueError(f"speculate must be >= 0, got {self.speculate}")
         if self.graphs not in GRAPH_BACKENDS:
             raise ValueError(f"graphs must be one of {GRAPH_BACKENDS}, got {self.graphs!r}")
+        if self.graph_stages not in ("auto", "all"):
+            raise ValueError(f"graph_stages must be auto or all, got {self.graph_stages!r}")
         if self.kernels not in KERNEL_SETTINGS:
             raise ValueError(f"kernels must be one of {KERNEL_SETTINGS}, got {self.kernels!r}")
 
