@@ -203,3 +203,19 @@ def test_oxygen_compile_builds_what_the_engine_loads(smooth: Pi05Model, cache_di
     report = _run(smooth, _frames(smooth.config, 2), "aot", cache_dir)[2]
     assert {r["path"] for r in report} <= {s["path"] for s in summary["steps"]}
     assert all(r["how"] == "loaded" for r in report)
+
+
+def test_auto_on_cpu_loads_compiled_steps_only_when_the_cache_holds_them(smooth: Pi05Model, cache_dir: Path,
+                                                                        tmp_path: Path) -> None:
+    """``graphs: auto`` on CPU: the steps of ``oxygen-compile`` / an earlier ``aot`` engine when every one is in the
+    cache (loaded, never built), else eager; the same actions and tokens either way."""
+    from oxygen_ros.tools.compile import main
+
+    assert main(["--config", "tiny", "--cache-dir", str(cache_dir), "--max-inflight", "1", "--max-new-tokens", "8",
+                 "--max-prompt-tokens", "16", "--rtc"]) == 0  # (loaded when the tests above built them)
+    frames = _frames(smooth.config, 5)
+    cached = _run(smooth, frames, "auto", cache_dir)
+    assert cached[2] and all(r["how"] == "loaded" for r in cached[2])
+    empty = _run(smooth, frames, "auto", tmp_path)
+    assert empty[2] == [] and not list(tmp_path.glob("*.pt2"))  # eager: nothing built
+    _assert_equal(cached, empty, actions=True)

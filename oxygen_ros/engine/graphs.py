@@ -209,6 +209,16 @@ class FrameGraphs:
             self.cache.valid.zero_()
             self._staged = None
 
+    def compiled_ready(self) -> bool:
+        """aot: whether the cache directory holds every step, current and intact (nothing would be built)."""
+        from .aot_steps import step_key
+        from .compiled_store import CompiledStore
+
+        store = CompiledStore(self.cache_dir)
+        base = {"config": self.model.config.to_dict(), "dtype": str(self.model.dtype)}
+        return all(store.check(run.name, step_key({**base, **run.spec}, run.weights, run.args, self.options)) is None
+                   for run in self.steps())
+
     def _load_compiled(self) -> None:
         """aot: every step from the cache directory, each built there first when it is absent, stale or corrupt."""
         from .aot_steps import load_or_build  # torch.export / Inductor: imported only by the backend that uses them

@@ -7,6 +7,7 @@ length and the adapters' row masks, and runs ``Pi05Model.decode_step`` over the 
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -23,6 +24,8 @@ from .observation import Observation
 from .requests import LanguageRequest
 from .rtc import RTCGuide, RTCPrefix
 from .scheduler import DecodeBatch
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -64,6 +67,16 @@ class ModelRunner:
         self.graphs = (FrameGraphs(model, self.cache, self.heads, self.num_steps, backend, self.rtc,
                                    config.compile_cache_dir, config.compile_options)
                        if backend != "off" else None)
+        if config.graphs == "auto" and model.device.type == "cpu":
+            # auto on CPU: the steps compiled ahead of time when the cache already holds them (oxygen-compile, or an
+            # earlier graphs: aot), else eager; never a build at configure
+            compiled = FrameGraphs(model, self.cache, self.heads, self.num_steps, "aot", self.rtc,
+                                   config.compile_cache_dir, config.compile_options)
+            if compiled.compiled_ready():
+                self.graphs = compiled
+            else:
+                log.info("graphs auto: no compiled steps for this model in %s; running eager (oxygen-compile builds "
+                         "them once)", compiled.cache_dir or "the default cache directory")
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
         self._device = model.device

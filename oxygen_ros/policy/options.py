@@ -126,12 +126,13 @@ class RunnerParams:
         'last finished output (outputs identical to plain decoding); 0 = off.', minimum=0)
     overflow: str = param('reject_newest',
         'When max_inflight is reached: reject_newest | drop_oldest.', choices=OVERFLOW_POLICIES)
-    graphs: str = param('off',
-        'Static-shape prefill, denoise loop and decode steps: off (eager, the reference) | auto (captured CUDA '
-        'graphs on cuda, eager elsewhere) | cuda | compile (torch.compile: minutes of warm-up on a CPU) | static | '
-        'aot (compiled ahead of time, loaded from compile_cache_dir in seconds; built there once, or by '
-        'oxygen-compile). '
-        'LoRA and speculative forwards stay eager.', choices=GRAPH_BACKENDS)
+    graphs: str = param('auto',
+        'Static-shape prefill, denoise loop and decode steps: auto (captured CUDA graphs on cuda; on CPU the steps '
+        'compiled ahead of time when compile_cache_dir holds them all, else eager) | off (eager, the reference) | '
+        'cuda | compile (torch.compile: minutes of warm-up on a CPU) | static | aot (compiled ahead of time, loaded '
+        'from compile_cache_dir in seconds; built there once, or by oxygen-compile). On CPU each action stage runs '
+        'its graph step only where a measurement at configure says it is not slower than eager. LoRA and '
+        'speculative forwards stay eager.', choices=GRAPH_BACKENDS)
     compile_cache_dir: str = param('',
         "Where graphs=aot keeps its compiled steps and kernels=auto its measured choice (keyed by model sizes, "
         "dtype, device, threads and torch version); '' = $XDG_CACHE_HOME/oxygen_ros/compiled "
