@@ -189,3 +189,23 @@ def test_compiled_steps_give_the_same_tokens_and_actions(smooth: Pi05Model, pack
     assert tok_c == tok_e and len(tok_c) >= 3  # k=8: each admitted request finishes on its frame
     for a, b in zip(act_c, act_e, strict=True):
         assert all((x - y).abs().max() <= ATOL for x, y in zip(a, b, strict=True))
+
+
+def test_auto_falls_back_to_eager_when_its_steps_fail(smooth: Pi05Model, monkeypatch, caplog) -> None:
+    """A default must not stop a node: ``graphs: auto`` whose steps fail to load (or capture) runs eagerly with a
+    warning; an explicit backend raises."""
+    monkeypatch.setattr(FrameGraphs, "compiled_ready", lambda self: True)
+
+    def broken(self):
+        raise RuntimeError("package unloadable")
+
+    monkeypatch.setattr(FrameGraphs, "warm_up", broken)
+    with caplog.at_level("WARNING"):
+        eng = build_engine(smooth, EngineConfig(max_new_tokens=6, max_inflight=2, graphs="auto"))
+    assert eng.runner.graphs is None and eng.graphs_backend == "off"
+    assert "running eager" in caplog.text and "package unloadable" in caplog.text
+    obs = make_observation(smooth.config, prompt_lens=[9])
+    assert eng.step(Frame(obs, [], _noise(smooth.config, 0))).actions[0].shape[-2:] == (
+        smooth.config.action_horizon, smooth.config.action_dim)
+    with pytest.raises(RuntimeError, match="package unloadable"):
+        build_engine(smooth, EngineConfig(max_new_tokens=6, max_inflight=2, graphs="aot"))

@@ -10,6 +10,7 @@ The ``parallel`` baseline (two engines, concurrently) is in ``baselines.py``.
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,8 @@ from .rtc import RTCPrefix
 from .scheduler import BudgetController, RequestState, Scheduler, SlotAllocator
 from .speculative import DraftSource, LastOutputDrafts, acceptance_rate
 from .timing import Stopwatch
+
+log = logging.getLogger(__name__)
 
 MODES = ENGINE_MODES  # the old name
 
@@ -71,7 +74,14 @@ class Engine:
         num_slots = self.config.max_inflight + 1 if self.spec.batched else 1
         self.runner = ModelRunner(model, self.config, num_slots, heads, adapter, adapter_tasks, adapters)
         if self.runner.graphs is not None and self.runner.graphs.backend in ("cuda", "compile", "aot"):
-            self.runner.graphs.warm_up()  # capture / compile / load every step now, not inside a frame
+            try:
+                self.runner.graphs.warm_up()  # capture / compile / load every step now, not inside a frame
+            except Exception as e:  # noqa: BLE001 - a default (auto) must not stop a node: fall back to eager
+                if self.config.graphs != "auto":
+                    raise
+                log.warning("graphs auto: %s steps failed (%s: %s); running eager", self.runner.graphs.backend,
+                            type(e).__name__, e)
+                self.runner.graphs = None
         if self.runner.graphs is not None and self.config.graph_stages == "auto":
             self.runner.choose_graph_stages()
         if self.config.speculate and drafts is None:
