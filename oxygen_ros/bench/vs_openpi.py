@@ -145,6 +145,9 @@ def ours_runner(model, variant: str, stages: dict[str, list[float]] | None = Non
         print(f"oxygen_{variant}: {runner.kernels.summary()}", flush=True)
     if runner.graphs is not None and graphs in ("compile", "aot"):
         runner.graphs.warm_up()
+    if runner.graphs is not None:  # as the engine does when built (graph_stages: auto)
+        runner.choose_graph_stages()
+        print(f"oxygen_{variant}: graph stages {runner.graph_stages}", flush=True)
 
     def act(obs, noise):
         t0 = time.perf_counter()
