@@ -45,3 +45,18 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line:
     result = lint(root)
     assert result.returncode != 0
     assert contract in result.stdout and "BROKEN" in result.stdout, result.stdout[-3000:]
+
+
+def test_scratch_thread_returns_or_raises_in_the_caller() -> None:
+    """Setup work runs on a thread that has ended when ``run_in_scratch_thread`` returns (engine/threads.py)."""
+    import threading
+
+    import pytest
+
+    from oxygen_ros.engine.threads import run_in_scratch_thread
+
+    seen = []
+    assert run_in_scratch_thread(lambda x, y=0: seen.append(threading.current_thread()) or x + y, 2, y=3) == 5
+    assert seen[0] is not threading.current_thread() and not seen[0].is_alive()
+    with pytest.raises(ValueError, match="bad checkpoint"):
+        run_in_scratch_thread(lambda: (_ for _ in ()).throw(ValueError("bad checkpoint")))

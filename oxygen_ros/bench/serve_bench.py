@@ -26,6 +26,7 @@ import torch
 
 from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
+from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.policy.synthetic import make_random_checkpoint
 from oxygen_ros.serve import ServerThread
 from oxygen_ros.serve.options import build_server, parse
@@ -122,7 +123,9 @@ def main(argv: list[str] | None = None) -> None:
                  "config": "small/libero", "torch_threads": args.threads, "clients": args.clients,
                  "window_ms": args.window_ms, "points": []}
     with tempfile.TemporaryDirectory() as tmp:
-        ckpt = make_random_checkpoint(Path(tmp), "small", "libero", tokenizer=True, vocab_size=1024)
+        # torch work off the servers' threads runs on a thread that ends (engine/threads.py: one OpenMP team)
+        ckpt = run_in_scratch_thread(make_random_checkpoint, Path(tmp), "small", "libero", tokenizer=True,
+                                     vocab_size=1024)
         for i, (n, r) in enumerate(zip(args.clients, args.requests, strict=True)):
             order = MODES if i % 2 == 0 else MODES[::-1]  # alternate which server runs first
             for mode in order:

@@ -63,6 +63,7 @@ from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
+from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
@@ -170,7 +171,9 @@ class OxygenNode(LifecycleNode):
     def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
         t0 = time.perf_counter()
         try:
-            self._configure()
+            # loading, engine building and warm-up on a thread that ends: the inference thread is then the only
+            # OpenMP team in the process (engine/threads.py; two live teams slow every frame down)
+            run_in_scratch_thread(self._configure, name="oxygen-configure")
         except Exception as e:  # every failure becomes a logged FAILURE, never a crash
             self.get_logger().error(f"configure failed: {e}")
             self._release()

@@ -23,6 +23,7 @@ import yaml
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.modes import NODE_MODES
+from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.policy import SpecOptions, load_policy
 from oxygen_ros.policy.device import resolve_device, resolve_precision
@@ -154,11 +155,16 @@ def runner_params(args: argparse.Namespace) -> tuple[RunnerParams, tuple[StreamP
 
 
 def build_server(args: argparse.Namespace) -> PolicyServer:
-    """Load the checkpoint and build the server the parsed flags describe.
+    """Load the checkpoint and build the server the parsed flags describe (on a thread that ends, so the thread
+    that serves inference is the process's only OpenMP team: ``engine/threads.py``).
 
     Raises:
         ValueError, FileNotFoundError, PolicyConfigError: naming the flag or file.
     """
+    return run_in_scratch_thread(_build_server, args, name="oxygen-serve-setup")
+
+
+def _build_server(args: argparse.Namespace) -> PolicyServer:
     p, stream_params = runner_params(args)
     if not p.checkpoint_path:
         raise ValueError("--checkpoint: required")
