@@ -37,9 +37,6 @@ class PackPolicy:
     def uses(self, rows: int) -> bool:
         return self.few if rows <= FEW_ROWS else self.many and rows <= PACK_MAX_ROWS
 
-    def as_tuple(self) -> tuple[bool, bool]:
-        return self.few, self.many
-
 
 def alias_concat(params: Sequence[torch.Tensor]) -> torch.Tensor:
     """Concatenate ``params`` along dim 0 and make each a view into the result (returned)."""
