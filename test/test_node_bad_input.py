@@ -85,6 +85,10 @@ def test_parameter_types_are_coerced_where_unambiguous() -> None:
     p = validate({**BASE, "camera_names": ["a"], "camera_compressed": [True]})
     assert p.camera_topic(0) == "/cameras/a/image_raw/compressed"
     assert validate({**BASE, "request_task": "custom", "request_prompt": "Why {instruction}? "}).request_prompt
+    # `camera_names: []` in a --params-file reaches the node unset (None): an empty list, not a type error
+    assert validate({**BASE, "camera_names": None}).camera_names == ()
+    with pytest.raises(ParamError, match="joint_names: required"):
+        validate({**BASE, "joint_names": None})
 
 
 @pytest.mark.parametrize("preset", sorted((REPO / "config").glob("*.yaml")), ids=lambda p: p.stem)

@@ -415,6 +415,8 @@ def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
             return str(value), None  # rtc.delay: 3 (YAML) or 'auto'
         return (value, None) if isinstance(value, str) else (None, f"{spec.name}: expected a string, {got}")
     item = str if kind == "str[]" else bool
+    if value is None:  # a YAML `[]` has no element type: rclpy hands it over unset (None)
+        return (), None
     if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
         items = list(value.tolist() if hasattr(value, "tolist") else value)
         if all(isinstance(v, item) for v in items):
