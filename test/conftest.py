@@ -72,6 +72,16 @@ def make_observation(config: Pi05Config, batch: int = 1, prompt_lens=None, camer
     return Observation(images, masks, tokens, mask, torch.rand(batch, 8, generator=gen) * 2 - 1)
 
 
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): on 2 shared
+    cores two threads oversubscribe badly (100x slower when another job runs)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def tiny_config() -> Pi05Config:
     return get_config("tiny")

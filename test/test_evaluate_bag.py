@@ -4,12 +4,10 @@ node parameters it takes (params files, ``-p`` overrides, validation)."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("rosbags", reason="rosbags is not installed")
 pytest.importorskip("sensor_msgs.msg", reason="the ROS 2 message wheels are not installed")
@@ -26,6 +24,8 @@ from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE  # noqa: 
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
 from oxygen_ros.ros.params import NodeParams, ParamError  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
 # node parameters: a few ms per frame on the tiny model; its generated checkpoint has no statistics, so
 # unnormalised on purpose
 FAST = {"num_steps": 2, "max_new_tokens": 5, "k": 2, "normalization": "none"}
@@ -34,15 +34,6 @@ FAST = {"num_steps": 2, "max_new_tokens": 5, "k": 2, "normalization": "none"}
 def params(data: dict[str, Path], **overrides: object) -> dict[str, object]:
     """The node parameters of the fast runs on the test checkpoint, with ``overrides``."""
     return {"checkpoint_path": str(data["ckpt"]), **FAST, **overrides}
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    """One torch thread: on 2 shared cores two threads oversubscribe badly (100x slower when another job runs)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

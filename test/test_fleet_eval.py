@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 pytest.importorskip("rosbags", reason="rosbags is not installed")
 pytest.importorskip("sensor_msgs.msg", reason="the ROS 2 message wheels are not installed")
@@ -31,20 +30,13 @@ from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, oxygen_typestore  # noqa: E402
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available  # noqa: E402
 
-pytestmark = pytest.mark.skipif(not toy_model_available(), reason="the embedded toy model's files are missing")
+pytestmark = [pytest.mark.skipif(not toy_model_available(), reason="the embedded toy model's files are missing"),
+              pytest.mark.usefixtures("one_torch_thread")]
 
 ROOT = Path(__file__).resolve().parents[1]
 # the tabletop demo's parameters, deterministic (k_auto follows the measured timing); 2 of the 8 actions execute
 PARAMS = {**cli.read_params_file(ROOT / "config" / "tabletop.yaml"), "k_auto": False, "actions_per_chunk": 2}
 SCORING = ScoringOptions(COMMAND_TOPIC, (), {"subtask": SUBTASK_TOPIC, "narration": NARRATION_TOPIC}, 0.05)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 @pytest.fixture(scope="module")

@@ -135,18 +135,15 @@ def ours_runner(model, variant: str, stages: dict[str, list[float]] | None = Non
     """The engine's model runner for ``variant`` = ``GRAPHS[:KERNELS]`` (the node's default: ``off``, kernels
     ``auto``; ``off:plain`` is the plain fused path), batch-1 action path. ``stages``: when given, each call appends
     its prefill and denoise seconds to ``stages["prefill"]`` / ``stages["denoise"]``."""
-    from oxygen_ros.engine.model_runner import ModelRunner
-    from oxygen_ros.engine.modes import EngineConfig
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
 
     graphs, _, kernels = variant.partition(":")
-    runner = ModelRunner(model, EngineConfig(num_steps=10, graphs=graphs, max_new_tokens=8, kernels=kernels or "auto"),
-                         num_slots=2)
+    # the node's engine build: kernels chosen, compiled steps warmed up, graph stages chosen (a 2-slot pool)
+    runner = build_engine(model, EngineConfig(num_steps=10, graphs=graphs, max_new_tokens=8, max_inflight=1,
+                                              kernels=kernels or "auto")).runner
     if runner.kernels is not None:
         print(f"oxygen_{variant}: {runner.kernels.summary()}", flush=True)
-    if runner.graphs is not None and graphs in ("compile", "aot"):
-        runner.graphs.warm_up()
-    if runner.graphs is not None:  # as the engine does when built (graph_stages: auto)
-        runner.choose_graph_stages()
+    if runner.graphs is not None:
         print(f"oxygen_{variant}: graph stages {runner.graph_stages}", flush=True)
 
     def act(obs, noise):

@@ -40,18 +40,16 @@ class ActionGate:
 
     def set_enabled(self, enabled: bool, now_ns: int) -> bool:
         """Enable or disable; returns whether this changed anything."""
-        with self._lock:
-            was_open, changed = self._open(), self._enabled != bool(enabled)
-            self._enabled = bool(enabled)
-            if self._open() and not was_open:
-                self._opened_ns = now_ns
-            return changed
+        return self._set("_enabled", bool(enabled), now_ns)
 
     def set_halted(self, halted: bool, now_ns: int) -> bool:
         """Halt or release; returns whether this changed anything."""
+        return self._set("_halted", bool(halted), now_ns)
+
+    def _set(self, flag: str, value: bool, now_ns: int) -> bool:
         with self._lock:
-            was_open, changed = self._open(), self._halted != bool(halted)
-            self._halted = bool(halted)
+            was_open, changed = self._open(), getattr(self, flag) != value
+            setattr(self, flag, value)
             if self._open() and not was_open:
                 self._opened_ns = now_ns
             return changed
