@@ -425,7 +425,9 @@ def test_disabled_at_start_language_flows_and_nothing_moves(node, robot) -> None
     assert probe.wait_for(lambda: len(probe.language()) >= 2, 20), node.output()[-3000:]
     assert probe.wait_for(lambda: probe.diagnostics().get("actions", "").startswith("withheld: disabled"), 5)
     assert "no chunk published: disabled" in probe.received.diagnostic_message
-    assert robot.count("limits.checked_chunks") > 0, "a dry run still computes and checks the chunks"
+    # /diagnostics is periodic (1 Hz): wait for a status that counts a checked chunk instead of racing it
+    assert probe.wait_for(lambda: robot.count("limits.checked_chunks") > 0, 5), \
+        ("a dry run still computes and checks the chunks", probe.diagnostics())
     assert robot.chunks == [] and probe.trajectories() == []
     # an image already older than max_image_age_s on arrival: rejected with its own reason
     probe.publish_frame(cameras=["base_0_rgb"], stamp_ns=probe.now_ns() - 2 * SEC)
@@ -474,8 +476,9 @@ def test_a_urdf_on_robot_description_clamps_the_chunks(node, robot) -> None:
         positions = np.array([p.positions for p in trajectory.points])
         for j, name in enumerate(trajectory.joint_names):
             assert LIMITS[name][0] - 1e-5 <= positions[:, j].min() and positions[:, j].max() <= LIMITS[name][1] + 1e-5
+    assert probe.wait_for(lambda: robot.count("limits.clamped_chunks") > 0 and robot.count("limits.joint_1.clamped") > 0
+                          and "limits.joint_4.velocity_use" in probe.diagnostics(), 5), probe.diagnostics()
     diag = probe.diagnostics()
-    assert robot.count("limits.clamped_chunks") > 0 and robot.count("limits.joint_1.clamped") > 0
     assert diag["limits.joint_1"] == "[-1, 0.25], 50 /s (urdf+param)" and diag["limits.joint_7"].endswith("(param)")
     assert float(diag["limits.joint_1.position_margin"]) < 0, "the raw chunks went beyond joint_1's limit"
     assert float(diag["limits.joint_4.velocity_use"]) > 1
@@ -493,8 +496,9 @@ def test_halt_stops_chunks_within_a_control_period_and_language_flows(node, robo
         publisher.publish(Bool(data=True))
         assert robot.quiet_for(1.2) == [], "a chunk was published more than one control period after the halt"
         assert len(probe.language()) > language_before, "language stopped with the actions"
-        diag = probe.diagnostics()
-        assert diag["halted"] == "True" and diag["actions"].startswith("withheld: halted")
+        assert probe.wait_for(lambda: probe.diagnostics().get("halted") == "True"
+                              and probe.diagnostics().get("actions", "").startswith("withheld: halted"), 3), \
+            probe.diagnostics()
         assert probe.received.diagnostic_level == 1 and "halted" in probe.received.diagnostic_message
         t_release = probe.now_ns()
         publisher.publish(Bool(data=False))
@@ -512,7 +516,9 @@ def test_disable_and_enable_again_never_replays_a_stale_chunk(node, robot) -> No
     robot.enable(True)
     t0 = robot.wait_chunks(2)
     assert all(header_ns(c) >= t_enable for _, c in robot.chunks_since(t0))
-    assert robot.count("withheld.observed_before_enable") + robot.count("withheld.disabled") > 0
+    assert robot.probe.wait_for(
+        lambda: robot.count("withheld.observed_before_enable") + robot.count("withheld.disabled") > 0, 3), \
+        robot.probe.diagnostics()
 
 
 @pytest.mark.ros
@@ -580,7 +586,7 @@ def test_reject_drops_chunks_beyond_the_urdf_and_far_from_the_present(node, robo
     # the latched URDF (safety_arm) reached the reconfigured node: the random model's chunks break its ranges
     assert probe.wait_for(lambda: robot.count("dropped.position_limit") >= 2, 8), probe.diagnostics()
     assert robot.quiet_for(1.0) == []
-    assert robot.count("limits.rejected_chunks") >= 2
+    assert probe.wait_for(lambda: robot.count("limits.rejected_chunks") >= 2, 3), probe.diagnostics()
     robot.description.publish(String(data=LOOSE_URDF))  # a new description replaces it
     assert probe.wait_for(lambda: probe.diagnostics().get("limits.robot") == "loose_arm", 5)
     robot.wait_chunks(2)
