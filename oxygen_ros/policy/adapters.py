@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["ADAPTERS", "decode_state", "encode_actions"]
+__all__ = ["ADAPTERS", "decode_actions", "decode_state", "encode_actions"]
 
 ADAPTERS = ("none", "aloha")
 _FLIP = np.array([1, -1, -1, 1, 1, 1, 1, 1, -1, -1, 1, 1, 1, 1])
@@ -56,6 +56,18 @@ def encode_actions(actions: np.ndarray, adapter: str) -> np.ndarray:
         actions = _FLIP * actions
         actions[..., _GRIPPERS] = _gripper_from_angular(actions[..., _GRIPPERS])
         return actions
+    raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
+
+
+def decode_actions(actions: np.ndarray, adapter: str) -> np.ndarray:
+    """Actions [T, D] in the robot's space -> the checkpoint's (the inverse of :func:`encode_actions`)."""
+    if adapter == "none":
+        return actions
+    if adapter == "aloha":
+        _check(actions.shape[-1])
+        actions = np.array(actions, dtype=np.float64)
+        actions[..., _GRIPPERS] = _unnormalize(actions[..., _GRIPPERS], -0.6213, 1.4910) - 0.5476
+        return _FLIP * actions
     raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
 
 

@@ -27,7 +27,7 @@ from oxygen_ros.engine.precision import apply_precision
 from oxygen_ros.engine.rtc import RTCConfig, RTCGuide, RTCPrefix
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 
-from .adapters import decode_state, encode_actions
+from .adapters import decode_actions, decode_state, encode_actions
 from .errors import PolicyConfigError
 from .formats import SpecOptions, detect_layout
 from .formats.common import read_json
@@ -158,6 +158,21 @@ class Policy:
             ref[:n] = prepared.reference_state[:n]
             actions = actions + np.where(mask, ref, 0).astype(actions.dtype)
         return encode_actions(np.array(actions), spec.robot_adapter)
+
+    def model_actions(self, actions: np.ndarray, prepared: PreparedObservation) -> np.ndarray:
+        """Robot-unit actions [T, action_dims] -> the model's normalised space, delta dims relative to
+        ``prepared``'s state (the inverse of :meth:`postprocess`, float32): how actions the robot executes become a
+        real-time chunking remainder."""
+        spec = self.spec
+        actions = decode_actions(np.asarray(actions, dtype=np.float64)[..., : spec.action_dims], spec.robot_adapter)
+        if any(spec.delta_mask):
+            mask = np.zeros(spec.action_dims, dtype=bool)
+            mask[: len(spec.delta_mask)] = spec.delta_mask[: spec.action_dims]
+            ref = np.zeros(spec.action_dims)
+            n = min(spec.action_dims, prepared.reference_state.shape[0])
+            ref[:n] = prepared.reference_state[:n]
+            actions = actions - np.where(mask, ref, 0.0)
+        return np.asarray(normalize(actions, spec.action_norm), dtype=np.float32)
 
     def rereference(self, actions: np.ndarray, old_reference: np.ndarray, prepared: PreparedObservation) -> np.ndarray:
         """Normalised actions [T, action_dims] whose delta dims were relative to ``old_reference`` -> relative to

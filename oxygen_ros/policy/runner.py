@@ -118,7 +118,8 @@ class ChunkOutput:
 
     Action i is the target for ``stamp_ns + (i + 1) * dt``. ``start`` counts the leading actions already committed
     when the chunk was ready (their time had passed: the robot executed the previous chunk's), so what a robot is
-    sent is :attr:`published`, from action ``start`` on.
+    sent is :attr:`published`, from action ``start`` to ``end``: the executed part ``actions``, or under real-time
+    chunking the whole chunk (the robot executes it until the next chunk replaces it, as LeRobot's RTC queue does).
     """
 
     frame_index: int
@@ -131,11 +132,12 @@ class ChunkOutput:
     start: int = 0  # actions already committed when it was ready (< H)
     guided: bool = False  # real-time chunking guided it toward the previous chunk's remainder
     delay: int = 0  # the inference delay (actions) its guidance assumed
+    end: int = 0  # the published part ends before this action (0: len(actions), the executed part)
 
     @property
     def published(self) -> np.ndarray:
-        """The actions still ahead when the chunk was ready: ``actions`` from ``start`` on (at least one row)."""
-        return self.chunk[self.start:max(self.start + 1, len(self.actions))]
+        """The actions still ahead when the chunk was ready: from ``start`` to ``end`` (at least one row)."""
+        return self.chunk[self.start:max(self.start + 1, self.end or len(self.actions))]
 
 
 @dataclass
@@ -205,7 +207,9 @@ class FrameRunner:
             results of frames it was not part of (:meth:`observe`).
         rtc: real-time chunking (:mod:`.rtc`): each frame's chunk continues the last one handed out (its remainder
             from the new observation's stamp on, delta dims re-referenced), with the delay fixed or estimated from
-            the measured chunk ages; the engine must run ``EngineConfig.rtc`` = ``rtc.config``.
+            the measured chunk ages; the engine must run ``EngineConfig.rtc`` = ``rtc.config``. Its chunks are
+            published whole (:attr:`n_publish`): the next chunk replaces the rest, so ``n_execute`` only sets how
+            many actions a control period spans where the action rate is derived from it.
     """
 
     def __init__(self, policy: Policy, engine_factory: Callable[[], Engine],
@@ -222,6 +226,11 @@ class FrameRunner:
         self.delays = DelayEstimator(rtc.dt_s, rtc.window, rtc.quantile) if rtc is not None else None
         self._memory = ChunkMemory(rtc.dt_s) if rtc is not None else None
         self._chunk_instruction: str | None = None  # the instruction the remembered chunk was made for
+        # rtc.remainder_source executor: robot-unit actions due at stamp + (k + 1) dt from what the chunk executor
+        # executed / will execute (None: no fresh plan -> the timing rule); set by the node
+        self.executed_remainder: Callable[[int], np.ndarray | None] | None = None
+        self.remainder_counts = {"executor": 0, "timing_rule": 0, "executor_fallback": 0}
+        self.last_remainder: tuple[str, int, np.ndarray | None] | None = None  # (source, stamp, robot rows)
         streams = (language,) if isinstance(language, LanguageSchedule) else tuple(language or ())
         names = [s.stream for s in streams]
         if len(set(names)) != len(names):
@@ -234,6 +243,8 @@ class FrameRunner:
         self.n_execute = int(n_execute or policy.spec.n_action_steps)
         if not 0 < self.n_execute <= policy.spec.chunk_size:
             raise ValueError(f"n_execute {self.n_execute} must be in 1..{policy.spec.chunk_size} (the chunk size)")
+        guided = rtc is not None and rtc.config.enabled
+        self.n_publish = policy.spec.chunk_size if guided else self.n_execute  # actions a chunk publishes
         if condition_on and condition_on not in names:
             raise ValueError(f"subtask conditioning on stream {condition_on!r}, which is not configured ({names})")
         self.condition_on = condition_on
@@ -373,8 +384,20 @@ class FrameRunner:
             return None
         if instruction != self._chunk_instruction:
             self.forget_chunk()
-        return self._memory.remainder(stamp_ns, self.delay,
-                                      lambda a, ref: self.policy.rereference(a, ref, prepared))
+            return None  # a new instruction starts free
+        if self.executed_remainder is not None:
+            rows = self.executed_remainder(stamp_ns)
+            if rows is not None and len(rows):
+                self.remainder_counts["executor"] += 1
+                self.last_remainder = ("executor", stamp_ns, rows)
+                return RTCPrefix(self.policy.model_actions(rows, prepared), self.delay)
+            self.remainder_counts["executor_fallback"] += 1
+        prefix = self._memory.remainder(stamp_ns, self.delay,
+                                        lambda a, ref: self.policy.rereference(a, ref, prepared))
+        if prefix is not None:
+            self.remainder_counts["timing_rule"] += 1
+            self.last_remainder = ("timing_rule", stamp_ns, None)
+        return prefix
 
     def _committed(self, stamp_ns: int, age_s: float, horizon: int) -> int:
         """Leading actions whose time passed when the chunk was ready, ``age_s`` after its observation (0 without
@@ -436,7 +459,7 @@ class FrameRunner:
         age = (pending.clock_ns() - stamp) / 1e9 if pending.clock_ns is not None and stamp else now - since
         chunk = ChunkOutput(self.engine.frame_index, stamp, robot[: self.n_execute], robot, now - since,
                             now - pending.t0, pending.prepared.subtask, self._committed(stamp, age, len(robot)),
-                            rtc is not None, rtc.delay if rtc is not None else 0)
+                            rtc is not None, rtc.delay if rtc is not None else 0, self.n_publish)
         if self._memory is not None:
             self._memory.record(stamp, chunks[0][:, : self.policy.spec.action_dims].float().cpu().numpy(),
                                 pending.prepared.reference_state)

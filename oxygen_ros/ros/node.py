@@ -44,6 +44,7 @@ when a camera has publishers but no image arrives, or when the middleware loses 
 from __future__ import annotations
 
 import gc
+import json
 import threading
 import time
 import traceback
@@ -51,6 +52,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 from rcl_interfaces.msg import ParameterDescriptor
@@ -64,12 +66,14 @@ from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.engine.threads import run_in_scratch_thread
-from oxygen_ros.msg import ActionChunk, LanguageOutput
+from oxygen_ros.msg import ActionChunk, ExecutedPlan, LanguageOutput
+from oxygen_ros.policy.coverage import CoverageWatch, coverage_warning
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
 from .action_guard import ActionGuard, limit_parameters
 from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
+from .executed_plan import ExecutedPlanInput
 from .fault_injection import install_from_env
 from .model_loader import (
     LoadedPolicy,
@@ -156,6 +160,9 @@ class OxygenNode(LifecycleNode):
         self._rtc_guided = 0  # chunks real-time chunking guided
         self._rtc_last_guided = False
         self._guard: ActionGuard | None = None  # limits, ~/enable, ~/halt, the watchdog (README "Safety")
+        self._coverage: CoverageWatch | None = None  # does each published chunk last until the next one?
+        self._coverage_note = ""  # the configure-time coverage warning ('' = none)
+        self._executed: ExecutedPlanInput | None = None  # rtc.remainder_source executor: the executor's plans
 
     def _autostart(self) -> None:
         if self._autostart_timer is not None:
@@ -209,6 +216,11 @@ class OxygenNode(LifecycleNode):
         if warm > p.period_s:
             self.get_logger().warning(f"warm-up frame took {warm * 1e3:.0f} ms, longer than the control period "
                                       f"{p.period_s * 1e3:.0f} ms: expect deadline misses")
+        self._coverage = CoverageWatch(p.period_s)
+        self._coverage_note = coverage_warning(self._runner.n_publish, action_period_s(p, self._runner.n_execute),
+                                               p.period_s, warm, p.rtc_enabled) or ""
+        if self._coverage_note:
+            self.get_logger().warning(self._coverage_note)
         self._action_pub = self.create_lifecycle_publisher(ActionChunk, ACTION_TOPIC, 10)
         self._language_pub = self.create_lifecycle_publisher(LanguageOutput, LANGUAGE_TOPIC, 50)
         if p.language_topic_per_stream:
@@ -274,6 +286,8 @@ class OxygenNode(LifecycleNode):
             JointState, "joint_states", self._safe(store.on_joint_state, "joint_state_callback"), joint_qos,
             callback_group=self._input_group))
         self._input_subs += self._instruction_subscriptions(store)
+        if p.rtc_enabled and p.rtc_remainder_source == "executor":
+            self._input_subs.append(self._executed_plan_subscription(p))
         # node clock: follows /clock with use_sim_time. The timer only wakes the inference thread: a callback that
         # ran the whole frame would keep rclpy's multi-threaded executor busy-polling the still-ready timer,
         # starving inference of the GIL (measured: 7x slower frames).
@@ -284,6 +298,19 @@ class OxygenNode(LifecycleNode):
         self._worker = threading.Thread(target=self._inference_loop, name="oxygen-inference", daemon=True)
         self._worker.start()
         self._control_timer = self.create_timer(p.period_s, self._on_timer, self._control_group)
+
+    def _executed_plan_subscription(self, p: NodeParams):
+        """rtc.remainder_source executor: the chunk executor's plans feed the runner's RTC remainder."""
+        runner = self._runner
+        self._executed = executed = ExecutedPlanInput(
+            self._loaded.action_names, action_period_s(p, runner.n_execute), p.rtc_executor_max_age_s,
+            self._loaded.policy.spec.chunk_size, lambda: self.get_clock().now().nanoseconds,
+            self.stats.rejected_inputs.add)
+        runner.executed_remainder = executed.remainder
+        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches any publisher
+        return self.create_subscription(ExecutedPlan, p.rtc_executor_topic,
+                                        self._safe(executed.on_plan, "executed_plan_callback"), qos,
+                                        callback_group=self._input_group)
 
     def _instruction_subscriptions(self, store: InputStore) -> list:
         """Two subscriptions to ``instruction``: a transient-local one receives the instruction a latched publisher
@@ -349,6 +376,9 @@ class OxygenNode(LifecycleNode):
             for sub in self._input_subs:
                 self.destroy_subscription(sub)
             self._input_subs, self._control_timer, self._worker = [], None, None
+            if self._runner is not None:
+                self._runner.executed_remainder = None
+            self._executed = None
             self._camera_watch = None
             if self._store is not None:
                 self._last_instruction = self._store.instruction or ""
@@ -529,10 +559,16 @@ class OxygenNode(LifecycleNode):
         self._rtc_last_guided = chunk.guided
         p, names = self.params, self._loaded.action_names
         dt = action_period_s(p, chunk.actions.shape[0])
-        actions = self._guard.admit(chunk, chunk.published, dt, self.get_clock().now().nanoseconds, self._store)
+        now_ns = self.get_clock().now().nanoseconds
+        actions = self._guard.admit(chunk, chunk.published, dt, now_ns, self._store)
         if actions is None:
             self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
             return
+        cov = self._coverage.observe((now_ns - chunk.stamp_ns) / 1e9, chunk.start + len(actions), dt)
+        if cov.short:
+            self.stats.warnings.add("chunk_coverage_short", f"frame {chunk.frame_index}: the published actions end "
+                                    f"{cov.covered_s * 1e3:.0f} ms after the stamp, the next chunk is expected after "
+                                    f"{cov.expected_s * 1e3:.0f} ms (period + p90 age): the robot starves")
         self._action_pub.publish(make_action_chunk(actions, chunk.stamp_ns, chunk.frame_index, names, dt,
                                                    chunk.latency_s, subtask=chunk.subtask, first_step=chunk.start))
         if self._trajectory_pub is not None:
@@ -560,6 +596,14 @@ class OxygenNode(LifecycleNode):
             extra["rtc_delay"] += "n/a)" if age is None else f"{age * 1e3:.0f} ms)"
             extra["rtc_guided_chunks"] = str(self._rtc_guided)
             extra["rtc_last_chunk_guided"] = str(self._rtc_last_guided).lower()
+            extra.update(self._remainder_diagnostics(p, runner))
+        coverage = self._coverage
+        if coverage is not None and coverage.last is not None:  # does a chunk last until the next one?
+            extra["chunk_coverage_ms"] = f"{coverage.last.covered_s * 1e3:.0f}"
+            extra["next_chunk_expected_ms"] = f"{coverage.last.expected_s * 1e3:.0f}"
+            extra["coverage_short_chunks"] = f"{coverage.short}/{coverage.checked}"
+        if self._coverage_note:
+            extra["coverage_warning"] = self._coverage_note[:300]
         if p is not None and p.speculate and runner is not None:
             rate = runner.engine.acceptance_rate
             extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"
@@ -587,6 +631,25 @@ class OxygenNode(LifecycleNode):
         msg.header.stamp = self.get_clock().now().to_msg()
         msg.status = [status]
         self._diag_pub.publish(msg)
+
+    def _remainder_diagnostics(self, p: NodeParams, runner: FrameRunner) -> dict[str, str]:
+        """Where the RTC remainders came from; with the executor's plans, the newest one used (robot units, the
+        first rows) and its observation stamp, so it can be compared with the plans."""
+        counts = runner.remainder_counts
+        out = {"rtc_remainder_source": p.rtc_remainder_source,
+               "rtc_remainders_timing_rule": str(counts["timing_rule"])}
+        if p.rtc_remainder_source == "executor":
+            out["rtc_remainders_executor"] = str(counts["executor"])
+            out["rtc_remainder_fallbacks"] = str(counts["executor_fallback"])
+            executed = self._executed
+            out["rtc_executor_plans_received"] = str(executed.received if executed is not None else 0)
+        last = runner.last_remainder
+        if last is not None:
+            out["rtc_last_remainder_source"] = last[0]
+            out["rtc_last_remainder_stamp_ns"] = str(last[1])
+            if last[2] is not None:
+                out["rtc_last_remainder"] = json.dumps(np.round(last[2][:4], 5).tolist())
+        return out
 
     def _safety_status(self, status: DiagnosticStatus) -> None:
         """ERROR after max_consecutive_faults sent the node through ErrorProcessing (until configured again);

@@ -212,6 +212,17 @@ class NodeParams:
     rtc_delay: str = param('auto',
         "The inference delay d in actions: auto (a p90 of the recent chunk ages, observation stamp -> chunk "
         'ready, over 30 frames, rounded up) or a fixed N.', ros_name='rtc.delay')
+    rtc_remainder_source: str = param('timing_rule',
+        'What the next chunk is guided toward: timing_rule (the last published chunk from the observation stamp '
+        'on, as if the robot executed the timing rule) | executor (the chunk executor\'s ExecutedPlan on '
+        'rtc.executor_topic: what it executed and will execute, aggregation included; the timing rule while no '
+        'fresh plan exists, counted).', choices=('timing_rule', 'executor'), ros_name='rtc.remainder_source')
+    rtc_executor_topic: str = param('executor/executed',
+        'The chunk executor\'s oxygen_ros/ExecutedPlan topic (rtc.remainder_source: executor); relative names '
+        'move with the namespace.', ros_name='rtc.executor_topic')
+    rtc_executor_max_age_s: float = param(0.25,
+        'A newest executor plan older than this (node clock) is not fresh: the timing rule is used instead.',
+        positive=True, ros_name='rtc.executor_max_age_s')
     # --- safety (README "Safety"): the enable gate, output limits, faults
     start_enabled: bool = param(True,
         'Publish action chunks from activation on; false: none until ~/enable (std_srvs/SetBool) is called with '
