@@ -1,9 +1,10 @@
 """The tabletop simulator as a ROS 2 node, the robot of the closed-loop demo: :mod:`.node` (the node and ``main``;
 ``python -m oxygen_ros.sim``, ``ros2 run oxygen_ros tabletop_sim``), :mod:`.chunks` (when each action of a chunk is
-due, chunk validation) and :mod:`.scoring` (episode records, counters, the language truth of every observation).
+due, chunk validation), :mod:`.setpoints` (the setpoint-stream input, e.g. from the chunk executor) and
+:mod:`.scoring` (episode records, counters, the language truth of every observation).
 
-``chunks`` and ``scoring`` are ROS-free; the names below load their module on first use, so only the node's need
-rclpy and the built messages.
+``chunks``, ``setpoints`` and ``scoring`` are ROS-free; the names below load their module on first use, so only the
+node's need rclpy and the built messages.
 """
 
 from oxygen_ros._lazy import lazy_exports
@@ -13,6 +14,7 @@ _EXPORTS = {
     "aligned_actions": "chunks", "chunk_problem": "chunks", "chunk_start_index": "chunks",
     "EpisodeRecord": "scoring", "MemoryTruth": "scoring", "SimCounters": "scoring", "TaskScore": "scoring",
     "scene_truth": "scoring",
+    "SETPOINT_TYPES": "setpoints", "setpoint_from_array": "setpoints", "setpoint_from_joint_state": "setpoints",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -10,6 +10,10 @@ Topics (relative names, remappable; under a namespace they all move with it):
   in   /oxygen/action_chunk         oxygen_ros/ActionChunk: replaces the action queue (latency-aligned)
   in   /oxygen/language_output      oxygen_ros/LanguageOutput: "memory" texts scored against the world's truth
                                     (both topics are parameters: chunk_topic, language_topic)
+  in   <setpoint_topic>             with setpoint_topic set (e.g. the chunk executor's output), instead of chunks:
+                                    sensor_msgs/JointState (setpoint_type joint_state, by name) or
+                                    std_msgs/Float64MultiArray (float64_multi_array, joint order); each step the
+                                    arm moves toward the newest setpoint (see setpoints.py)
   out  /clock                       rosgraph_msgs/Clock, with publish_clock:=true only (see below)
 
 Every step (``step_rate_hz``) the next queued action is applied and a new observation is published, all stamped
@@ -42,7 +46,7 @@ from rclpy.node import Node
 from rclpy.qos import QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
-from std_msgs.msg import String
+from std_msgs.msg import Float64MultiArray, String
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.ros.image_conversion import array_to_image_msg
@@ -51,6 +55,7 @@ from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 
 from .chunks import aligned_actions, chunk_problem
 from .scoring import SCORED_TASKS, EpisodeRecord, MemoryTruth, SimCounters, TaskScore, scene_truth
+from .setpoints import SETPOINT_TYPES, setpoint_from_array, setpoint_from_joint_state
 
 __all__ = ["INSTRUCTION_REPEAT_S", "PARAMETERS", "SIM_CLOCK_START_NS", "TabletopSimNode", "main"]
 
@@ -68,6 +73,8 @@ PARAMETERS: dict[str, Any] = {  # the node's ROS parameters and their defaults
     "frame_id": "table",
     "autostart": True,  # false: wait for start() (lets a caller wait for discovery)
     "publish_clock": False,  # own the time: publish a simulated clock on /clock (for use_sim_time nodes)
+    "setpoint_topic": "",  # '': execute action chunks; a topic: follow a setpoint stream instead (an executor's)
+    "setpoint_type": "joint_state",  # joint_state | float64_multi_array
 }
 
 
@@ -109,7 +116,15 @@ class TabletopSimNode(Node):
         self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
         self._instruction_pub = self.create_publisher(String, "instruction", 10)
         self._event_pub = self.create_publisher(String, "~/events", 10)
-        self.create_subscription(ActionChunk, str(get("chunk_topic").value), self._on_chunk, 10)
+        self.setpoint_topic, setpoint_type = str(get("setpoint_topic").value), str(get("setpoint_type").value)
+        if setpoint_type not in SETPOINT_TYPES:
+            raise ValueError(f"setpoint_type must be one of {list(SETPOINT_TYPES)}, got {setpoint_type!r}")
+        self._setpoint: np.ndarray | None = None  # the newest setpoint of this episode (setpoint_topic)
+        if self.setpoint_topic:
+            kind = JointState if setpoint_type == "joint_state" else Float64MultiArray
+            self.create_subscription(kind, self.setpoint_topic, self._on_setpoint, 10)
+        else:
+            self.create_subscription(ActionChunk, str(get("chunk_topic").value), self._on_chunk, 10)
         self.create_subscription(LanguageOutput, str(get("language_topic").value), self._on_language, 10)
         self.started = False
         self._episode_start_ns = 0
@@ -150,6 +165,7 @@ class TabletopSimNode(Node):
         self.world.reset(self.next_seed)
         self.next_seed += 1
         self._queue.clear()
+        self._setpoint = None
         self._episode_chunks = 0
         self._done_since = None
         self._episode_start_ns = self._now_ns()
@@ -192,6 +208,8 @@ class TabletopSimNode(Node):
             elif now - self._done_since >= self.reset_pause_ns and not self.finished:
                 self._reset()
                 return
+        elif self._setpoint is not None:
+            self.world.apply(self._setpoint)
         elif self._queue:
             self.world.apply(self._queue.popleft())
         if now - self._last_instruction_ns >= INSTRUCTION_REPEAT_S * 1e9:
@@ -236,6 +254,25 @@ class TabletopSimNode(Node):
         self._queue = deque(aligned_actions(actions, horizon, dim, len(JOINT_NAMES), start, self._now_ns(), dt_ns))
         self.counters.chunks += 1
         self._episode_chunks += 1
+
+    def _on_setpoint(self, msg: JointState | Float64MultiArray) -> None:
+        if not self.started:
+            return
+        if isinstance(msg, JointState):
+            if stamp_to_ns(msg.header.stamp) < self._episode_start_ns:
+                self.counters.stale_setpoints += 1  # commanded before this episode
+                return
+            setpoint = setpoint_from_joint_state(list(msg.name), list(msg.position), JOINT_NAMES)
+        else:
+            setpoint = setpoint_from_array(list(msg.data), JOINT_NAMES)
+        if isinstance(setpoint, str):
+            self.counters.rejected_setpoints += 1
+            self.get_logger().warning(f"rejected setpoint: {setpoint}", throttle_duration_sec=2.0)
+            return
+        if self.world.done:
+            return
+        self._setpoint = setpoint
+        self.counters.setpoints += 1
 
     def _on_language(self, msg: LanguageOutput) -> None:
         if msg.task not in SCORED_TASKS:

@@ -65,6 +65,9 @@ class SimCounters:
     chunks: int = 0
     stale_chunks: int = 0
     rejected_chunks: int = 0
+    setpoints: int = 0  # setpoint_topic: setpoints taken (stale: commanded before the episode; rejected: malformed)
+    stale_setpoints: int = 0
+    rejected_setpoints: int = 0
     memories: int = 0
     memory_exact: int = 0
     memory_unscored: int = 0
@@ -78,7 +81,9 @@ class SimCounters:
     def summary(self) -> str:
         """One line of totals (the node's shutdown log)."""
         return (f"{self.successes}/{self.episodes} tasks, memory exact {self.memory_exact}/{self.memories_scored}, "
-                f"chunks {self.chunks} (stale {self.stale_chunks}, rejected {self.rejected_chunks})")
+                f"chunks {self.chunks} (stale {self.stale_chunks}, rejected {self.rejected_chunks})"
+                + (f", setpoints {self.setpoints} (stale {self.stale_setpoints}, rejected {self.rejected_setpoints})"
+                   if self.setpoints or self.stale_setpoints or self.rejected_setpoints else ""))
 
 
 class MemoryTruth:
