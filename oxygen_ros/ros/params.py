@@ -217,7 +217,7 @@ class NodeParams:
         'on, as if the robot executed the timing rule) | executor (the chunk executor\'s ExecutedPlan on '
         'rtc.executor_topic: what it executed and will execute, aggregation included; the timing rule while no '
         'fresh plan exists, counted).', choices=('timing_rule', 'executor'), ros_name='rtc.remainder_source')
-    rtc_executor_topic: str = param('executor/executed',
+    rtc_executor_topic: str = param('oxygen_executor/executed',
         'The chunk executor\'s oxygen_ros/ExecutedPlan topic (rtc.remainder_source: executor); relative names '
         'move with the namespace.', ros_name='rtc.executor_topic')
     rtc_executor_max_age_s: float = param(0.25,
