@@ -1,7 +1,8 @@
 """Output limits: each action joint's position range and largest velocity, read from the robot's URDF (the
 ``robot_description`` topic, parsed with ROS's ``urdf_parser_py``) and / or the ``limits.<joint>.min``, ``.max``,
 ``.max_velocity`` parameters (parameters win, field by field), and the check every chunk passes before the node
-publishes it (:class:`ActionLimiter`).
+publishes it (:class:`ActionLimiter`). ``.max_acceleration`` (parameters only: a URDF has none) bounds the chunk
+executor's setpoint stream (:mod:`oxygen_ros.executor.setpoint_limits`); the chunk check does not use it.
 
 The check, on the action timing rule (action i is the target for ``stamp + (i + 1) * dt``):
 
@@ -49,17 +50,20 @@ class JointLimit:
     upper: float | None = None
     max_velocity: float | None = None
     source: str = ""
+    max_acceleration: float | None = None  # limits.<joint>.max_acceleration only (URDF has none)
 
     @property
     def empty(self) -> bool:
-        return self.lower is None and self.upper is None and self.max_velocity is None
+        return self.lower is None and self.upper is None and self.max_velocity is None \
+            and self.max_acceleration is None
 
     def describe(self) -> str:
-        """e.g. ``[-1.5, 1.5], 2 /s (urdf)``."""
+        """e.g. ``[-1.5, 1.5], 2 /s (urdf)`` (``, 4 /s^2`` with an acceleration limit)."""
         lo = "-inf" if self.lower is None else f"{self.lower:g}"
         hi = "inf" if self.upper is None else f"{self.upper:g}"
         vel = "no velocity limit" if self.max_velocity is None else f"{self.max_velocity:g} /s"
-        return f"[{lo}, {hi}], {vel} ({self.source or 'none'})"
+        acc = "" if self.max_acceleration is None else f", {self.max_acceleration:g} /s^2"
+        return f"[{lo}, {hi}], {vel}{acc} ({self.source or 'none'})"
 
 
 _URDF_LOCK = threading.Lock()

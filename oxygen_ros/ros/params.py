@@ -39,8 +39,10 @@ __all__ = [
     "ParamError",
     "ParamSpec",
     "StreamParams",
+    "check_value",
     "joint_limit_names",
     "markdown_table",
+    "parse_joint_limits",
     "stream_param_names",
     "validate",
 ]
@@ -354,7 +356,7 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
     return tuple(streams), problems
 
 
-LIMIT_FIELDS = ("min", "max", "max_velocity")  # limits.<joint>.<field>
+LIMIT_FIELDS = ("min", "max", "max_velocity", "max_acceleration")  # limits.<joint>.<field>
 
 
 def joint_limit_names(values: Mapping[str, Any]) -> list[str]:
@@ -379,10 +381,10 @@ def _joint_limits(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]
     for (joint, field_name), value in raw.items():
         name = f"limits.{joint}.{field_name}"
         if field_name not in LIMIT_FIELDS:
-            problems.append(f"{name}: unknown field (limits.<joint>.min, .max or .max_velocity)")
+            problems.append(f"{name}: unknown field (limits.<joint>.min, .max, .max_velocity or .max_acceleration)")
         elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             problems.append(f"{name}: expected a finite number, got {type(value).__name__} {value!r}"[:200])
-        elif field_name == "max_velocity" and not value > 0:
+        elif field_name in ("max_velocity", "max_acceleration") and not value > 0:
             problems.append(f"{name}: must be > 0; got {value}")
         else:
             out.setdefault(joint, {})[field_name] = float(value)
@@ -390,6 +392,21 @@ def _joint_limits(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]
         if "min" in fields and "max" in fields and fields["min"] > fields["max"]:
             problems.append(f"limits.{joint}.min: {fields['min']} > limits.{joint}.max {fields['max']}")
     return out, problems
+
+
+def parse_joint_limits(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """``{joint: {field: value}}`` from the ``limits.<joint>.<field>`` values and the problems found (the node's
+    rules; the chunk executor reads the same parameters)."""
+    return _joint_limits(values)
+
+
+def check_value(spec: ParamSpec, raw: Any) -> tuple[Any, str | None]:
+    """One parameter value converted to ``spec``'s type and checked against its one-field rules: (value, None) or
+    (None, problem) (the node's rules, for other components' parameter dataclasses)."""
+    value, problem = _coerce(spec, raw)
+    if problem is None:
+        problem = _field_problem(spec, value)
+    return (None, problem) if problem else (value, None)
 
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
