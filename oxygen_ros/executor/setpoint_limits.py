@@ -73,7 +73,8 @@ class SetpointLimiter:
         u = np.minimum(u, self._brake(self.hi - p, h))  # room to stop before the upper end
         u = np.maximum(u, -self._brake(p - self.lo, h))
         u = np.clip(u, v - self.amax * h, v + self.amax * h)
-        out = np.clip(p + u * h, self.lo, self.hi)
-        u = (out - p) / h
+        free = u == want  # no limit acted: the target itself (no rounding through the velocity)
+        out = np.clip(np.where(free, x, p + u * h), self.lo, self.hi)
+        u = np.where(free, want, (out - p) / h)
         self.limited += np.abs(u - want) * h > 1e-12 + 1e-9 * np.abs(x)
         return out, u
