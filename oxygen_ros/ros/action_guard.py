@@ -43,7 +43,7 @@ def limit_parameters(node: Node) -> dict[str, Any]:
     for name in joint_limit_names(getattr(node, "_parameter_overrides", {})):
         if not node.has_parameter(name):
             node.declare_parameter(name, None, ParameterDescriptor(
-                description="joint limit override (limits.<joint>.min / .max / .max_velocity)",
+                description="joint limit override (limits.<joint>.min / .max / .max_velocity / .max_acceleration)",
                 additional_constraints="type: float", dynamic_typing=True))
         values[name] = node.get_parameter(name).value
     return values

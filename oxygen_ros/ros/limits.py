@@ -1,7 +1,8 @@
 """Output limits: each action joint's position range and largest velocity, read from the robot's URDF (the
 ``robot_description`` topic, parsed with ROS's ``urdf_parser_py``) and / or the ``limits.<joint>.min``, ``.max``,
 ``.max_velocity`` parameters (parameters win, field by field), and the check every chunk passes before the node
-publishes it (:class:`ActionLimiter`).
+publishes it (:class:`ActionLimiter`). ``.max_acceleration`` (parameters only: a URDF has none) bounds the chunk
+executor's setpoint stream (:mod:`oxygen_ros.executor.setpoint_limits`); the chunk check does not use it.
 
 The check, on the action timing rule (action i is the target for ``stamp + (i + 1) * dt``):
 
@@ -27,11 +28,12 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-__all__ = ["LIMIT_POLICIES", "ActionLimiter", "JointLimit", "LimitCheck", "UrdfError",
-           "merge_limits", "urdf_limits"]
+__all__ = ["LIMIT_FIELDS", "LIMIT_POLICIES", "ActionLimiter", "JointLimit", "LimitCheck", "UrdfError",
+           "joint_limit_names", "merge_limits", "parse_limit_parameters", "urdf_limits"]
 
 LIMIT_POLICIES = ("clamp", "reject")
 _REL_TOL, _ABS_TOL = 1e-6, 1e-9  # float32 actions compared with float64 limits
@@ -49,17 +51,20 @@ class JointLimit:
     upper: float | None = None
     max_velocity: float | None = None
     source: str = ""
+    max_acceleration: float | None = None  # limits.<joint>.max_acceleration only (URDF has none)
 
     @property
     def empty(self) -> bool:
-        return self.lower is None and self.upper is None and self.max_velocity is None
+        return self.lower is None and self.upper is None and self.max_velocity is None \
+            and self.max_acceleration is None
 
     def describe(self) -> str:
-        """e.g. ``[-1.5, 1.5], 2 /s (urdf)``."""
+        """e.g. ``[-1.5, 1.5], 2 /s (urdf)`` (``, 4 /s^2`` with an acceleration limit)."""
         lo = "-inf" if self.lower is None else f"{self.lower:g}"
         hi = "inf" if self.upper is None else f"{self.upper:g}"
         vel = "no velocity limit" if self.max_velocity is None else f"{self.max_velocity:g} /s"
-        return f"[{lo}, {hi}], {vel} ({self.source or 'none'})"
+        acc = "" if self.max_acceleration is None else f", {self.max_acceleration:g} /s^2"
+        return f"[{lo}, {hi}], {vel}{acc} ({self.source or 'none'})"
 
 
 _URDF_LOCK = threading.Lock()
@@ -130,6 +135,45 @@ def merge_limits(urdf: Mapping[str, JointLimit], overrides: Mapping[str, Mapping
         source = "param" if base.empty else f"{base.source}+param" if "param" not in base.source else base.source
         out[joint] = replace(base, **changes, source=source)
     return out
+
+
+LIMIT_FIELDS = ("min", "max", "max_velocity", "max_acceleration")  # limits.<joint>.<field>
+
+
+def joint_limit_names(values: Mapping[str, Any]) -> list[str]:
+    """The ``limits.<joint>.<field>`` names among ``values`` (flat ROS names; fields unchecked)."""
+    return [k for k in values if k.startswith("limits.") and k.count(".") >= 2]
+
+
+def parse_limit_parameters(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], list[str]]:
+    """``{joint: {field: value}}`` from the ``limits.<joint>.<field>`` values (ROS's flat names, or a YAML file's
+    nested ``limits: {<joint>: {<field>: value}}``), and the problems found. The node's parameters and the chunk
+    executor's (the same scheme)."""
+    raw: dict[tuple[str, str], Any] = {}
+    for name in joint_limit_names(values):
+        joint, field_name = name[len("limits."):].rsplit(".", 1)
+        raw[(joint, field_name)] = values[name]
+    nested = values.get("limits")
+    if isinstance(nested, Mapping):
+        for joint, fields in nested.items():
+            if isinstance(fields, Mapping):
+                raw.update({(str(joint), str(k)): v for k, v in fields.items()})
+    out: dict[str, dict[str, float]] = {}
+    problems = []
+    for (joint, field_name), value in raw.items():
+        name = f"limits.{joint}.{field_name}"
+        if field_name not in LIMIT_FIELDS:
+            problems.append(f"{name}: unknown field (limits.<joint>.min, .max, .max_velocity or .max_acceleration)")
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            problems.append(f"{name}: expected a finite number, got {type(value).__name__} {value!r}"[:200])
+        elif field_name in ("max_velocity", "max_acceleration") and not value > 0:
+            problems.append(f"{name}: must be > 0; got {value}")
+        else:
+            out.setdefault(joint, {})[field_name] = float(value)
+    for joint, fields in out.items():
+        if "min" in fields and "max" in fields and fields["min"] > fields["max"]:
+            problems.append(f"limits.{joint}.min: {fields['min']} > limits.{joint}.max {fields['max']}")
+    return out, problems
 
 
 @dataclass

@@ -11,7 +11,6 @@ graph: :func:`validate` takes a plain mapping (a YAML file's ``ros__parameters``
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import string
 from collections.abc import Iterable, Mapping
@@ -23,7 +22,8 @@ from oxygen_ros.engine.rtc import SCHEDULES as RTC_SCHEDULES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.policy.options import NORMALIZATIONS, REQUEST_TASKS, StreamParams, param, shared
 
-from .limits import LIMIT_POLICIES
+from .limits import LIMIT_FIELDS, LIMIT_POLICIES, joint_limit_names
+from .limits import parse_limit_parameters as _joint_limits
 
 __all__ = [
     "DEFAULT_CAMERA_TOPIC",
@@ -363,44 +363,6 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
     if conditioned and conditioned not in names:
         problems.append(f"subtask_conditioning: {conditioned!r} is not one of language_streams {list(names)}")
     return tuple(streams), problems
-
-
-LIMIT_FIELDS = ("min", "max", "max_velocity")  # limits.<joint>.<field>
-
-
-def joint_limit_names(values: Mapping[str, Any]) -> list[str]:
-    """The ``limits.<joint>.<field>`` names among ``values`` (flat ROS names; fields unchecked)."""
-    return [k for k in values if k.startswith("limits.") and k.count(".") >= 2]
-
-
-def _joint_limits(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], list[str]]:
-    """``{joint: {field: value}}`` from the ``limits.<joint>.<field>`` values (ROS's flat names, or a YAML file's
-    nested ``limits: {<joint>: {<field>: value}}``), and the problems found."""
-    raw: dict[tuple[str, str], Any] = {}
-    for name in joint_limit_names(values):
-        joint, field_name = name[len("limits."):].rsplit(".", 1)
-        raw[(joint, field_name)] = values[name]
-    nested = values.get("limits")
-    if isinstance(nested, Mapping):
-        for joint, fields in nested.items():
-            if isinstance(fields, Mapping):
-                raw.update({(str(joint), str(k)): v for k, v in fields.items()})
-    out: dict[str, dict[str, float]] = {}
-    problems = []
-    for (joint, field_name), value in raw.items():
-        name = f"limits.{joint}.{field_name}"
-        if field_name not in LIMIT_FIELDS:
-            problems.append(f"{name}: unknown field (limits.<joint>.min, .max or .max_velocity)")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            problems.append(f"{name}: expected a finite number, got {type(value).__name__} {value!r}"[:200])
-        elif field_name == "max_velocity" and not value > 0:
-            problems.append(f"{name}: must be > 0; got {value}")
-        else:
-            out.setdefault(joint, {})[field_name] = float(value)
-    for joint, fields in out.items():
-        if "min" in fields and "max" in fields and fields["min"] > fields["max"]:
-            problems.append(f"limits.{joint}.min: {fields['min']} > limits.{joint}.max {fields['max']}")
-    return out, problems
 
 
 def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:

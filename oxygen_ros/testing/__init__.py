@@ -10,6 +10,7 @@ from oxygen_ros._lazy import lazy_exports
 _EXPORTS = {
     "NodeProcess": "process", "ros_env": "process", "source_checkout": "process", "yaml_value": "process",
     "Probe": "probe", "Received": "probe", "chunk_array": "probe", "header_ns": "probe", "joint_state_msg": "probe",
+    "ExecutorProbe": "executor_probe", "make_chunk": "executor_probe",
 }
 
 __all__ = sorted(_EXPORTS)

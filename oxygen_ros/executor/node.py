@@ -1,0 +1,235 @@
+"""The chunk executor node (``oxygen_executor``): action chunks in, one timed, limited setpoint per command period
+out, and what it executed on ``~/executed``. Its own process (``oxygen-executor``), so inference never delays a
+setpoint.
+
+    python -m oxygen_ros.executor --ros-args -p output:=float64_array -p output_joints:="[j1, j2]" \\
+        -p output_topic:=/forward_position_controller/commands
+
+Topics (node name ``oxygen_executor``; relative names follow the namespace):
+
+  in   chunk_topic (oxygen/action_chunk)   oxygen_ros/ActionChunk, reliable
+  in   joint_states_topic (joint_states)   sensor_msgs/JointState, best effort (matches any publisher)
+  in   halt_topic (oxygen/halt)            std_msgs/Bool (transient-local and volatile subscriptions): true holds
+  in   limits.robot_description            std_msgs/String, transient local: the URDF's joint limits
+  out  output_topic (~/command)            Float64MultiArray | JointState | JointTrajectory (``output``)
+  out  ~/executed                          oxygen_ros/ExecutedPlan, every command period
+  out  /diagnostics                        diagnostic_msgs/DiagnosticArray, 1 Hz (status ``<node>: executor``)
+
+The command timer runs on the node clock (``use_sim_time`` follows /clock) in its own callback group on a
+multi-threaded executor; inputs only hand data to the streamer under a lock (:mod:`.streamer`).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
+from rcl_interfaces.msg import ParameterDescriptor
+from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
+from rclpy.clock import Clock, ClockType
+from rclpy.event_handler import SubscriptionEventCallbacks
+from rclpy.node import Node
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
+from sensor_msgs.msg import JointState
+from std_msgs.msg import Bool, Float64MultiArray, String
+from trajectory_msgs.msg import JointTrajectory
+
+from oxygen_ros.msg import ActionChunk, ExecutedPlan
+from oxygen_ros.ros.limits import JointLimit, UrdfError, joint_limit_names, merge_limits, urdf_limits
+from oxygen_ros.ros.safety import NewestPerPublisher
+
+from .aggregation import parse_aggregate
+from .outputs import JointOrder, chunk_from_msg, executed_msg, output_msg
+from .params import EXECUTOR_PARAMS, ExecutorParams, validate
+from .streamer import Setpoint, SetpointStreamer
+from .timeline import Timeline
+
+__all__ = ["EXECUTED_TOPIC", "NODE_NAME", "ExecutorNode"]
+
+NODE_NAME = "oxygen_executor"
+EXECUTED_TOPIC = "~/executed"
+_OUTPUT_TYPES = {"float64_array": Float64MultiArray, "joint_state": JointState, "trajectory": JointTrajectory}
+_WARN_STATES = ("stale", "halted", "exhausted", "waiting_joint_states")
+
+
+class ExecutorNode(Node):
+    """See the module docstring. Parameters are checked at construction.
+
+    Raises:
+        oxygen_ros.executor.params.ParamError: invalid parameters (every problem listed).
+    """
+
+    def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
+        super().__init__(node_name, **kwargs)
+        for spec in EXECUTOR_PARAMS:
+            self.declare_parameter(spec.name, spec.ros_default, ParameterDescriptor(
+                description=spec.description, additional_constraints=f"type: {spec.type_name}",
+                dynamic_typing=True))
+        values = {spec.name: self.get_parameter(spec.name).value for spec in EXECUTOR_PARAMS}
+        for name in joint_limit_names(getattr(self, "_parameter_overrides", {})):
+            self.declare_parameter(name, None, ParameterDescriptor(
+                description="joint limit (limits.<joint>.min / .max / .max_velocity / .max_acceleration)",
+                dynamic_typing=True))
+            values[name] = self.get_parameter(name).value
+        self.params: ExecutorParams = validate(values)
+        p = self.params
+        self._lock = threading.Lock()
+        self._renames = p.joint_renames
+        timeline = Timeline(p.switch, parse_aggregate(p.aggregate) if p.switch == "aggregate" else None)
+        default_names = tuple(self._renames.get(n, n) for n in p.action_names)
+        rate = p.command_rate_hz or p.action_rate_hz
+        self.streamer = SetpointStreamer(timeline, p.interpolation, round(1e9 / rate) if rate else 0,
+                                         round(p.stale_timeout_s * 1e9), p.on_stale, default_names)
+        self._urdf: dict[str, JointLimit] = {}
+        self._robot = ""
+        self.streamer.set_limits(merge_limits({}, p.joint_limits))
+        self._joints: dict[str, tuple[float, int]] = {}  # name -> (position, arrival ns, node clock)
+        self._action_names: tuple[str, ...] = ()  # the chunks' own names (ExecutedPlan)
+        self._order: JointOrder | None = None
+        self._order_error = ""
+        self._last: Setpoint | None = None
+        self.counts = {"output_withheld.limits_missing": 0, "output_withheld.output_joints": 0,
+                       "chunks.malformed": 0}
+        self._newest_halt = NewestPerPublisher()
+
+        inputs, tick_group = MutuallyExclusiveCallbackGroup(), MutuallyExclusiveCallbackGroup()
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
+        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
+        self.create_subscription(ActionChunk, p.chunk_topic, self._on_chunk, volatile, callback_group=inputs)
+        self.create_subscription(JointState, p.joint_states_topic, self._on_joints,
+                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT),
+                                 callback_group=inputs)
+        self.create_subscription(Bool, p.halt_topic, self._on_halt, latched, callback_group=inputs,
+                                 event_callbacks=quiet)
+        self.create_subscription(Bool, p.halt_topic, self._on_halt, volatile, callback_group=inputs)
+        if p.limits_robot_description:
+            self.create_subscription(String, p.limits_robot_description, self._on_robot_description, latched,
+                                     callback_group=inputs)
+        self._out_pub = self.create_publisher(_OUTPUT_TYPES[p.output], p.output_topic, 10)
+        self._executed_pub = self.create_publisher(ExecutedPlan, EXECUTED_TOPIC, 10)
+        self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
+        self._tick_group = tick_group
+        self._timer = None
+        self.rate_hz = 0.0
+        if rate:
+            self._start_timer(rate)
+        self.create_timer(1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup(),
+                          clock=Clock(clock_type=ClockType.STEADY_TIME))
+        self.get_logger().info(
+            f"executor: {p.chunk_topic} -> {p.output} on {self.resolve_topic_name(p.output_topic)}, switch "
+            f"{p.switch}{f' ({p.aggregate})' if p.switch == 'aggregate' else ''}, interpolation {p.interpolation}, "
+            + (f"{rate:g} Hz" if rate else "rate from the first chunk (1 / ActionChunk.dt)"))
+
+    def _now_ns(self) -> int:
+        return self.get_clock().now().nanoseconds
+
+    def _start_timer(self, rate_hz: float) -> None:
+        self.rate_hz = float(rate_hz)
+        self.streamer.period_ns = round(1e9 / rate_hz)
+        self._timer = self.create_timer(1.0 / rate_hz, self._tick, self._tick_group)  # node clock
+
+    # ------------------------------------------------------------------------------------------ inputs
+    def _on_chunk(self, msg: ActionChunk) -> None:
+        now = self._now_ns()
+        try:
+            chunk = chunk_from_msg(msg, self._renames, self.params.action_names)
+        except ValueError as e:
+            self.counts["chunks.malformed"] += 1
+            self.get_logger().warning(f"chunk {msg.frame_index} not used: {e}", throttle_duration_sec=5.0)
+            return
+        with self._lock:
+            why = self.streamer.offer(chunk, now)
+            if why is None and not self._action_names:
+                self._action_names = tuple(msg.joint_names) or tuple(self.params.action_names) \
+                    or self.streamer.names
+                try:
+                    self._order = JointOrder(self.streamer.names, self.params.output_joints)
+                except ValueError as e:
+                    self._order_error = str(e)
+                    self.get_logger().error(f"no setpoint can be published: {e}")
+        if why is None and self._timer is None:  # the command rate follows the chunks' dt
+            self._start_timer(1e9 / chunk.dt_ns)
+            self.get_logger().info(f"command rate {self.rate_hz:g} Hz (1 / ActionChunk.dt)")
+
+    def _on_joints(self, msg: JointState) -> None:
+        now = self._now_ns()
+        with self._lock:
+            for name, pos in zip(msg.name, msg.position, strict=False):
+                self._joints[name] = (float(pos), now)
+
+    def _on_halt(self, msg: Bool, info: dict) -> None:
+        if not self._newest_halt.is_new(info):
+            return
+        with self._lock:
+            changed = self.streamer.set_halted(bool(msg.data), self._now_ns())
+        if changed:
+            log = self.get_logger()
+            log.warning("halt: holding the current setpoint") if msg.data else \
+                log.info("halt released: the next chunk observed from now on starts from the measured position")
+
+    def _on_robot_description(self, msg: String) -> None:
+        try:
+            robot, limits, notes = urdf_limits(msg.data)
+        except UrdfError as e:
+            self.get_logger().error(f"robot_description not used: {e}")
+            return
+        with self._lock:
+            self._urdf, self._robot = limits, robot
+            self.streamer.set_limits(merge_limits(limits, self.params.joint_limits))
+        self.get_logger().info(f"robot_description: URDF {robot!r}, limits for {len(limits)} joints")
+
+    def _measured(self, now_ns: int) -> np.ndarray | None:
+        names = self.streamer.names
+        if not names:
+            return None
+        max_age = self.params.max_joint_age_s * 1e9
+        out = np.full(len(names), np.nan)
+        for i, n in enumerate(names):
+            got = self._joints.get(n)
+            if got is not None and (not max_age or now_ns - got[1] <= max_age):
+                out[i] = got[0]
+        return out
+
+    # ------------------------------------------------------------------------------------------ the tick
+    def _tick(self) -> None:
+        now = self._now_ns()
+        with self._lock:
+            sp = self.streamer.tick(now, self._measured(now))
+            self._last = sp
+            publish = sp.position is not None and self._order is not None
+            if publish and self.params.limits_required and self.streamer.limiter.missing:
+                self.counts["output_withheld.limits_missing"] += 1
+                publish = False
+            if sp.position is not None and self._order is None and self._order_error:
+                self.counts["output_withheld.output_joints"] += 1
+            out = output_msg(self.params.output, sp, self._order, 1.0 / self.rate_hz,
+                             self.params.interpolation != "hold") if publish else None
+            executed = executed_msg(sp, self._action_names)
+        if out is not None:
+            self._out_pub.publish(out)
+        self._executed_pub.publish(executed)
+
+    # ------------------------------------------------------------------------------------------ diagnostics
+    def _publish_diagnostics(self) -> None:
+        with self._lock:
+            sp = self._last
+            values = {"state": sp.state if sp else "no_tick", "command_rate_hz": f"{self.rate_hz:g}",
+                      "output": self.params.output, "switch": self.params.switch,
+                      "interpolation": self.params.interpolation, "limits.robot": self._robot or "none",
+                      **self.streamer.diagnostics(), **self.counts}
+        status = DiagnosticStatus(name=f"{self.get_name()}: executor", hardware_id=self.get_fully_qualified_name())
+        state = values["state"]
+        status.level = DiagnosticStatus.WARN if state in _WARN_STATES or self._order_error else DiagnosticStatus.OK
+        status.message = self._order_error or {
+            "stale": f"stale: no chunk for stale_timeout_s={self.params.stale_timeout_s:g} s "
+                     f"({'holding' if self.params.on_stale == 'hold' else 'stopped'})",
+            "halted": "halted: holding the setpoint", "exhausted": "underrun: the chunk ran out, holding",
+            "waiting_joint_states": "waiting for joint_states to start from"}.get(state, state)
+        status.values = [KeyValue(key=k, value=str(v)) for k, v in values.items()]
+        msg = DiagnosticArray(status=[status])
+        msg.header.stamp = self.get_clock().now().to_msg()
+        self._diag_pub.publish(msg)
