@@ -47,6 +47,7 @@ class ExecutedPlanInput:
         self.action_names, self.horizon, self.clock_ns, self.reject = tuple(action_names), horizon, clock_ns, reject
         self.history = PlanHistory(dt_s, max_age_s)
         self.received = 0
+        self.newest_used_ns: int | None = None  # the newest plan's stamp when the last remainder was built
 
     def on_plan(self, msg) -> None:
         """Subscription callback."""
@@ -61,4 +62,5 @@ class ExecutedPlanInput:
             self.reject("executed_plan", why)
 
     def remainder(self, stamp_ns: int) -> np.ndarray | None:
+        self.newest_used_ns = self.history.newest_stamp_ns
         return self.history.remainder(stamp_ns, self.clock_ns(), self.horizon)

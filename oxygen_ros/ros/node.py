@@ -643,6 +643,8 @@ class OxygenNode(LifecycleNode):
             out["rtc_remainder_fallbacks"] = str(counts["executor_fallback"])
             executed = self._executed
             out["rtc_executor_plans_received"] = str(executed.received if executed is not None else 0)
+            if executed is not None and executed.newest_used_ns is not None:
+                out["rtc_last_remainder_newest_plan_ns"] = str(executed.newest_used_ns)
         last = runner.last_remainder
         if last is not None:
             out["rtc_last_remainder_source"] = last[0]
