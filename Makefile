@@ -1,6 +1,7 @@
 # oxygen_ros: one-command environment, demo and tests.
 #   make setup   create .venv with pinned dependencies and the built ROS 2 messages (idempotent)
 #   make demo    closed loop over ROS 2: the node's embedded model drives the tabletop simulator (~20 s)
+#   make demo-executor   the same through the chunk executor (node -> executor setpoints -> simulator)
 #   make test    run the whole test suite
 #   make env     print the shell environment `oxygen-launch` needs: eval "$(make -s env)" (or . tools/ros_env.sh)
 PY ?= python3.11
@@ -16,7 +17,7 @@ LAUNCH_IFACE := $(ROS2_LAUNCH_DIR)/src/composition_interfaces
 LAUNCH_STAMP := $(VENV)/.oxygen-launch-stamp
 SETUP_STAMPS := $(STAMP) $(if $(LAUNCH_WHEELS),$(LAUNCH_STAMP))
 
-.PHONY: setup demo test lint bench profile clean env
+.PHONY: setup demo demo-executor test lint bench profile clean env
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV) || python3 -m venv $(VENV)
@@ -49,6 +50,9 @@ env: setup
 
 demo: setup
 	$(BIN)/python -m oxygen_ros.demo --duration 20
+
+demo-executor: setup
+	$(BIN)/python -m oxygen_ros.demo --duration 20 --executor
 
 test: setup
 	$(BIN)/python -m pytest -q test

@@ -7,10 +7,16 @@ memory against the world's truth), then a final summary.
     python -m oxygen_ros.demo --duration 60 --set k:=1
     python -m oxygen_ros.demo --no-node            # simulate and watch a node started elsewhere (ros2 launch ...)
     python -m oxygen_ros.demo --scene synthetic    # a tiny random model on a synthetic stream (timing only)
+    python -m oxygen_ros.demo --executor           # through the chunk executor: node -> executor -> simulator
 
 The node runs as a child process (``python -m oxygen_ros.ros``, its log in a temporary file); this process hosts
 the simulator node (:mod:`oxygen_ros.sim`; with ``--scene synthetic`` the scene of :mod:`oxygen_ros.world.synthetic`)
 and listens to the node's outputs over DDS. Presets are found by :func:`oxygen_ros.demo.config.find_config`.
+
+With ``--executor`` (tabletop) the chunk executor runs as a third process (``python -m oxygen_ros.executor``, the
+same preset, ``command_rate_hz`` 100, JointState output on ``/oxygen_executor/command``): it turns the node's chunks
+into a setpoint stream that the simulator follows (its ``setpoint_topic``), and the node guides real-time chunking
+toward what the executor executes (``rtc.remainder_source: executor``, unless ``--set`` says otherwise).
 """
 
 from __future__ import annotations
@@ -19,12 +25,14 @@ import argparse
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from diagnostic_msgs.msg import DiagnosticArray
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -42,6 +50,8 @@ __all__ = ["DEFAULT_SIM_SEED", "SCENES", "DemoSummary", "main", "print_summary",
 SCENES = ("synthetic", "tabletop")  # each scene's preset is config/<scene>.yaml
 DEFAULT_SIM_SEED = 1_000_000  # the closed-loop evaluation's first seed (scenes unseen in training)
 STAGES = ("prefill", "denoise", "decode", "frame")
+EXECUTOR_COMMAND_TOPIC = "/oxygen_executor/command"  # --executor: the setpoints the simulator follows
+EXECUTOR_RATE_HZ = 100.0
 
 
 @dataclass
@@ -66,6 +76,27 @@ class DemoSummary:
     answers_asked: int = 0  # tabletop: questions sent to ~/ask
     answers_scored: int = 0  # of which answered (scored against the truth)
     answers_exact: int = 0
+    setpoints: int = 0  # tabletop --executor: setpoints the simulator followed (it executes no chunk then)
+    executor: dict[str, str] = field(default_factory=dict)  # --executor: its diagnostics (underruns, state, ...)
+    executor_exit_code: int | None = None
+
+
+class ExecutorWatch:
+    """The chunk executor's newest /diagnostics values (``oxygen_executor: executor``), heard by the probe."""
+
+    def __init__(self, probe: Probe, name: str = "oxygen_executor: executor") -> None:
+        self._name, self._values, self._lock = name, {}, threading.Lock()
+        probe.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
+
+    def _on_diagnostics(self, msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if status.name == self._name:
+                with self._lock:
+                    self._values = {kv.key: kv.value for kv in status.values}
+
+    def values(self) -> dict[str, str]:
+        with self._lock:
+            return dict(self._values)
 
 
 def _ms(duration: Any) -> float:
@@ -112,7 +143,7 @@ def _wait_subscribed(probe: Probe, scene: Scene, node: NodeProcess | None, conso
 
 
 def _watch(probe: Probe, scene: Scene, node: NodeProcess | None, duration: float, horizon: int,
-           console: Console) -> tuple[float, int]:
+           console: Console, executor: NodeProcess | None = None) -> tuple[float, int]:
     """Show the live table (a line per second when not on a terminal) for ``duration`` seconds; returns the wall
     time and the action horizon (taken from the first chunk when the preset leaves it to the model)."""
     t0 = time.monotonic()
@@ -124,6 +155,8 @@ def _watch(probe: Probe, scene: Scene, node: NodeProcess | None, duration: float
             scene.tick()
             if node is not None and not node.alive:
                 raise RuntimeError(f"the node exited:\n{node.output()[-3000:]}")
+            if executor is not None and not executor.alive:
+                raise RuntimeError(f"the executor exited:\n{executor.output()[-3000:]}")
             if not horizon and probe.chunks():
                 horizon = int(probe.chunks()[0].horizon)
             if live is not None:
@@ -158,16 +191,21 @@ def _summarize(probe: Probe, scene: str, wall: float, horizon: int, exit_code: i
 def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict[str, Any] | None = None,
              start_node: bool = True, domain_id: int | None = None, image_size: int = 224, camera_rate_hz: float = 15.0,
              console: Console | None = None, scene: str = "tabletop", sim_seed: int = DEFAULT_SIM_SEED,
-             ask_every_s: float = 3.0) -> DemoSummary:
+             ask_every_s: float = 3.0, executor: bool = False) -> DemoSummary:
     """Run the demo for ``duration`` seconds and return the summary. ``scene``: "tabletop" (the simulator node, closed
     loop) or "synthetic" (a synthetic stream of ``image_size`` px at ``camera_rate_hz``); ``config`` defaults to the
     scene's preset (:func:`~oxygen_ros.demo.config.find_config`). Tabletop: a question about the scene goes to the
-    node's ``~/ask`` action every ``ask_every_s`` seconds (0: none), its answer scored against the world."""
+    node's ``~/ask`` action every ``ask_every_s`` seconds (0: none), its answer scored against the world.
+    ``executor``: drive the simulator through the chunk executor process (tabletop only; module docstring)."""
     if scene not in SCENES:
         raise ValueError(f"scene must be one of {sorted(SCENES)}, got {scene!r}")
+    if executor and scene != "tabletop":
+        raise ValueError("--executor drives the tabletop simulator; the synthetic scene has no robot")
     console = console or Console()
     config = config or find_config(scene)
     overrides = dict(overrides or {})
+    if executor:
+        overrides.setdefault("rtc.remainder_source", "executor")
     params = load_params(config, overrides)
     cameras = list(params.get("camera_names") or ["base_0_rgb", "left_wrist_0_rgb"])
     topics = list(params.get("camera_topics") or [f"/cameras/{c}/image_raw" for c in cameras])
@@ -187,26 +225,46 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
         node.start()
         console.print(f"[bold]node[/] python -m oxygen_ros.ros ({config.name}), log: {node.log_path}",
                       soft_wrap=True)
+    chunk_executor = None
+    if executor:
+        chunk_executor = NodeProcess(config, {"chunk_topic": "/oxygen/action_chunk", "halt_topic": "/oxygen/halt",
+                                              "command_rate_hz": EXECUTOR_RATE_HZ, "output": "joint_state",
+                                              "output_topic": EXECUTOR_COMMAND_TOPIC},
+                                     domain_id=domain_id, module="oxygen_ros.executor")
+        chunk_executor.env.update(dds_env)
+        chunk_executor.start()
+        console.print(f"[bold]executor[/] python -m oxygen_ros.executor ({EXECUTOR_RATE_HZ:g} Hz -> "
+                      f"{EXECUTOR_COMMAND_TOPIC}), log: {chunk_executor.log_path}", soft_wrap=True)
     console.print(f"[bold]watch it[/]: ROS_DOMAIN_ID={domain_id} ROS_AUTOMATIC_DISCOVERY_RANGE=LOCALHOST "
                   "ros2 topic echo /oxygen/language_output", soft_wrap=True)
     probe_cameras = list(zip(cameras, topics, strict=True)) if scene == "synthetic" else []
     probe = Probe(probe_cameras, list(params["joint_names"]), image_size=image_size, domain_id=domain_id,
                   name=f"oxygen_demo_{scene}")
+    executor_watch = ExecutorWatch(probe) if executor else None
     try:
-        world: Scene = TabletopScene(probe, "/oxygen", sim_seed, ask_every_s) if scene == "tabletop" \
+        world: Scene = TabletopScene(probe, "/oxygen", sim_seed, ask_every_s,
+                                     EXECUTOR_COMMAND_TOPIC if executor else "") if scene == "tabletop" \
             else SyntheticScene(probe, camera_rate_hz)
         _wait_subscribed(probe, world, node, console)
         world.start()
-        wall, horizon = _watch(probe, world, node, duration, int(params.get("action_horizon") or 0), console)
+        wall, horizon = _watch(probe, world, node, duration, int(params.get("action_horizon") or 0), console,
+                               chunk_executor)
         scene_summary = world.summary()
         world.close()
         diagnostics = probe.diagnostics()
+        executor_diag = executor_watch.values() if executor_watch is not None else {}
         exit_code = node.stop(signal.SIGINT, timeout=15) if node is not None else None
-        return _summarize(probe, scene, wall, horizon, exit_code, diagnostics, scene_summary)
+        summary = _summarize(probe, scene, wall, horizon, exit_code, diagnostics, scene_summary)
+        if chunk_executor is not None:
+            summary.executor = executor_diag
+            summary.executor_exit_code = chunk_executor.stop(signal.SIGINT, timeout=15)
+        return summary
     finally:
         probe.close()
         if node is not None and node.alive:
             node.stop(signal.SIGINT, timeout=15)
+        if chunk_executor is not None and chunk_executor.alive:
+            chunk_executor.stop(signal.SIGINT, timeout=15)
         for key, value in restore.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -237,9 +295,20 @@ def print_summary(s: DemoSummary, console: Console) -> None:
                                                  f"{d.get('rejected_inputs', '-')}"),
         ("last language output", s.last_text or "(none)"),
         ("node exit code", "-" if s.node_exit_code is None else str(s.node_exit_code)),
+        *_executor_rows(s),
     ):
         table.add_row(name, value)
     console.print(table)
+
+
+def _executor_rows(s: DemoSummary) -> list[tuple[str, str]]:
+    """--executor: what the executor reported (its /diagnostics status) and how it exited."""
+    if s.executor_exit_code is None and not s.executor:
+        return []
+    e = s.executor
+    keys = ("state", "command_rate_hz", "switch", "interpolation", "setpoints", "underruns", "chunks.used")
+    return [("executor", ", ".join(f"{k} {e[k]}" for k in keys if k in e) or "(no diagnostics received)"),
+            ("executor exit code", "-" if s.executor_exit_code is None else str(s.executor_exit_code))]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -260,11 +329,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--camera-rate", type=float, default=15.0, help="synthetic scene: camera rate (default 15 Hz)")
     ap.add_argument("--ask-every", type=float, default=3.0, metavar="S",
                     help="tabletop: ask the node a question over ~/ask every S seconds (default 3; 0: never)")
+    ap.add_argument("--executor", action="store_true",
+                    help="tabletop: run the chunk executor too and drive the simulator with its setpoint stream")
     args = ap.parse_args(argv)
     console = Console()
     try:
         summary = run_demo(args.duration, args.config, parse_set(args.set), not args.no_node, args.domain_id,
-                           args.image_size, args.camera_rate, console, args.scene, args.seed, args.ask_every)
+                           args.image_size, args.camera_rate, console, args.scene, args.seed, args.ask_every,
+                           args.executor)
     except KeyboardInterrupt:
         console.print("interrupted")
         return 130
@@ -273,6 +345,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print_summary(summary, console)
     ok = summary.frames > 0 and summary.language_outputs > 0 and summary.node_exit_code in (0, None)
+    if args.executor and summary.executor_exit_code not in (0, None):
+        console.print(f"[red]the executor exited with {summary.executor_exit_code}[/]")
+        ok = False
     if summary.scene == "tabletop" and not summary.tasks_completed:
         console.print("[red]no task completed[/]")
         ok = False

@@ -58,11 +58,14 @@ class TabletopScene:
 
     name = "tabletop"
 
-    def __init__(self, probe: Probe, node: str, seed: int, ask_every_s: float = 0.0) -> None:
+    def __init__(self, probe: Probe, node: str, seed: int, ask_every_s: float = 0.0, setpoint_topic: str = "") -> None:
+        """``setpoint_topic``: the simulator follows that setpoint stream (the chunk executor's JointState output)
+        instead of executing the node's chunks itself."""
         self.sim = TabletopSimNode(context=probe.context, parameter_overrides=[
             Parameter("autostart", value=False), Parameter("seed", value=seed),
             Parameter("chunk_topic", value=f"{node}/action_chunk"),
-            Parameter("language_topic", value=f"{node}/language_output")])
+            Parameter("language_topic", value=f"{node}/language_output"),
+            Parameter("setpoint_topic", value=setpoint_topic), Parameter("setpoint_type", value="joint_state")])
         probe.executor.add_node(self.sim)
         self._probe = probe
         self.asker = None  # questions over the node's ~/ask action (ask_every_s > 0)
@@ -105,7 +108,7 @@ class TabletopScene:
 
     def summary(self) -> dict[str, int]:
         c = self.sim.counters
-        out = {"tasks_completed": c.successes, "episodes": c.episodes,
+        out = {"tasks_completed": c.successes, "episodes": c.episodes, "setpoints": c.setpoints,
                "memories_scored": c.memories - c.memory_unscored, "memories_exact": c.memory_exact,
                "language_exact": {t: (s.exact, s.scored) for t, s in sorted(c.tasks.items())}}
         if self.asker is not None:
