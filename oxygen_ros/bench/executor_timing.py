@@ -1,0 +1,278 @@
+"""Chunk executor timing under robot-like load: the node (a preset, its model) and the chunk executor as separate
+processes, two 640x480 cameras at 30 Hz and joint states at 50 Hz from a third (the soak load,
+:mod:`oxygen_ros.bench.soak`); measured from the executor's ``~/executed`` (one message per command tick).
+
+    python -m oxygen_ros.bench.executor_timing --duration 30 --out runs/executor_timing
+
+Runs (interleaved as listed, each a fresh set of processes; ``--runs`` picks some):
+
+- ``100hz_replace_timing_rule`` / ``100hz_replace_executor``: 100 Hz, ``switch: replace``, the node's RTC remainder
+  from the timing rule / from the executor's plan (``rtc.remainder_source``);
+- ``100hz_aggregate_timing_rule`` / ``100hz_aggregate_executor``: the same with ``switch: aggregate``
+  (``weighted_average``, LeRobot's 0.3 old + 0.7 new), where the executed plan differs from the last chunk;
+- ``500hz_replace_executor``: 500 Hz.
+
+Reported per run (:mod:`.executor_timing_stats`): the command period's error ``|period - 1/rate|`` (p50 / p99 /
+max) from the ticks' stamps, late ticks, the setpoint jump at chunk switches (max over joints of ``|delta| / dt``,
+mean and max) against the same within a chunk, the executor's underruns, and the node's chunk coverage. Writes
+``results.json``, ``summary.md`` and ``setpoints.png`` (a joint's setpoints over a few switches, the chunks drawn)
+to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from diagnostic_msgs.msg import DiagnosticArray
+from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
+
+from oxygen_ros.msg import ExecutedPlan
+from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
+from oxygen_ros.ros.stamps import stamp_to_ns
+from oxygen_ros.testing.probe import Probe, header_ns
+from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
+
+from .executor_timing_plots import plot_setpoints
+from .executor_timing_stats import period_errors, switch_jumps
+from .report import write_run
+
+__all__ = ["RUNS", "RunSpec", "main", "run_one"]
+
+INSTRUCTION = "put the red block on the blue plate"
+EXECUTOR_DIAG = "oxygen_executor: executor"
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One configuration: command rate, switch mode, the node's RTC remainder source."""
+
+    name: str
+    rate_hz: float
+    switch: str
+    remainder_source: str
+    aggregate: str = "weighted_average"
+
+
+RUNS = (RunSpec("100hz_replace_timing_rule", 100.0, "replace", "timing_rule"),
+        RunSpec("100hz_replace_executor", 100.0, "replace", "executor"),
+        RunSpec("100hz_aggregate_timing_rule", 100.0, "aggregate", "timing_rule"),
+        RunSpec("100hz_aggregate_executor", 100.0, "aggregate", "executor"),
+        RunSpec("500hz_replace_executor", 500.0, "replace", "executor"))
+
+
+class TickRecorder:
+    """The executor's ExecutedPlan ticks (stamp, chunk in force, holding, setpoint) and its /diagnostics."""
+
+    def __init__(self, probe: Probe) -> None:
+        self.lock = threading.Lock()
+        self.ticks: list[tuple[int, int, bool, tuple[float, ...]]] = []
+        self.diag: dict[str, str] = {}
+        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2000, reliability=ReliabilityPolicy.RELIABLE)
+        probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos)
+        probe.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
+
+    def _on_tick(self, msg: ExecutedPlan) -> None:
+        tick = (stamp_to_ns(msg.header.stamp), int(msg.frame_index), bool(msg.holding), tuple(msg.setpoint))
+        with self.lock:
+            self.ticks.append(tick)
+
+    def _on_diag(self, msg: DiagnosticArray) -> None:
+        for status in msg.status:
+            if status.name == EXECUTOR_DIAG:
+                with self.lock:
+                    self.diag = {kv.key: kv.value for kv in status.values}
+
+    def window(self, t0_ns: int, t1_ns: int) -> list[tuple[int, int, bool, tuple[float, ...]]]:
+        with self.lock:
+            return [t for t in self.ticks if t0_ns <= t[0] < t1_ns and t[3]]
+
+    def diagnostics(self) -> dict[str, str]:
+        with self.lock:
+            return dict(self.diag)
+
+
+def _params(config: Path) -> dict[str, Any]:
+    import yaml
+
+    return next(iter(yaml.safe_load(config.read_text()).values()))["ros__parameters"]
+
+
+def _num(d: dict[str, str], key: str) -> float:
+    try:
+        return float(d.get(key, "0"))
+    except ValueError:
+        return 0.0
+
+
+def run_one(spec: RunSpec, config: Path, duration_s: float, warmup_s: float, domain_id: int,
+            camera_size: str = "640x480", camera_rate: float = 30.0, joint_rate: float = 50.0,
+            executor_fifo: int = 0) -> dict[str, Any]:
+    """One run of ``spec`` (see the module docstring); its figures and a few seconds of series for the plot.
+    ``executor_fifo``: run the executor process under ``chrt -f`` at that SCHED_FIFO priority (0: normal)."""
+    params = _params(config)
+    cameras = list(zip(params["camera_names"], params["camera_topics"], strict=True))
+    dds, _ = dds_profile_environment(default_profile_path())
+    node = NodeProcess(config, {"instruction": INSTRUCTION, "rtc.remainder_source": spec.remainder_source},
+                       domain_id=domain_id)
+    executor = NodeProcess(config, {"chunk_topic": "/oxygen/action_chunk", "halt_topic": "/oxygen/halt",
+                                    "command_rate_hz": spec.rate_hz, "switch": spec.switch,
+                                    "aggregate": spec.aggregate, "output": "joint_state"},
+                           domain_id=domain_id, module="oxygen_ros.executor")
+    for proc in (node, executor):
+        proc.env.update(dds)
+    if executor_fifo:
+        executor.cmd = ["chrt", "-f", str(executor_fifo), *executor.cmd]  # as a controller loop runs
+    load_cmd = [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
+                *[f"{topic}:{camera_size}:rgb8" for _, topic in cameras], "--rate", str(camera_rate),
+                "--duration", str(warmup_s + duration_s + 120), "--joints", ",".join(params["joint_names"]),
+                "--joint-rate", str(joint_rate)]
+    probe = Probe([], [], domain_id=domain_id, name="executor_timing_probe")
+    recorder = TickRecorder(probe)
+    load = None
+    try:
+        node.start()
+        executor.start()
+        load = subprocess.Popen(load_cmd, env={**ros_env(domain_id), **dds}, cwd=source_checkout(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        if not probe.wait_for(lambda: len(probe.chunks()) > 0 and len(recorder.window(0, 1 << 62)) > 0, 240.0):
+            raise RuntimeError(f"no chunk or no executor tick; node:\n{node.output()[-2000:]}\nexecutor:\n"
+                               f"{executor.output()[-2000:]}")
+        time.sleep(warmup_s)
+        now = probe.node.get_clock().now().nanoseconds
+        before, node_before = recorder.diagnostics(), probe.diagnostics()
+        time.sleep(duration_s)
+        t1 = probe.node.get_clock().now().nanoseconds
+        time.sleep(1.5)  # a diagnostics report covers the window's end
+        after, node_after = recorder.diagnostics(), probe.diagnostics()
+        ticks = recorder.window(now, t1)
+        chunks = [c for c in probe.chunks() if now - 2 * 10**9 <= header_ns(c) < t1]
+    finally:
+        probe.close()
+        if load is not None:
+            load.terminate()
+            load.wait(timeout=10)
+        executor_code = executor.stop(timeout=10)
+        node_code = node.stop(timeout=10)
+    if not ticks:
+        raise RuntimeError(f"{spec.name}: no executor tick in the window; executor:\n{executor.output()[-2000:]}")
+    stamps = np.array([t[0] for t in ticks], dtype=np.int64)
+    frames = np.array([t[1] for t in ticks])
+    holding = np.array([t[2] for t in ticks])
+    setpoints = np.array([t[3] for t in ticks], dtype=np.float64)
+    return {
+        **asdict(spec), "duration_s": duration_s, "executor_fifo": executor_fifo, "node_exit_code": node_code,
+        "executor_exit_code": executor_code,
+        "period": period_errors(stamps, spec.rate_hz),
+        "jumps": switch_jumps(stamps, frames, setpoints, holding),
+        "underruns": int(_num(after, "underruns") - _num(before, "underruns")),
+        "underrun_ticks": int(_num(after, "underrun_ticks") - _num(before, "underrun_ticks")),
+        "holding_ticks": int(holding.sum()),
+        "chunks_used": int(_num(after, "chunks.used") - _num(before, "chunks.used")),
+        "node_frames": int(_num(node_after, "frames") - _num(node_before, "frames")),
+        "node_coverage_short_chunks": node_after.get("coverage_short_chunks", ""),
+        "node_rtc_remainders": {k: node_after.get(k) for k in ("rtc_remainders_executor", "rtc_remainder_fallbacks",
+                                                              "rtc_remainders_timing_rule") if k in node_after},
+        "series": _series(stamps, frames, setpoints, chunks, params),
+    }
+
+
+def _series(stamps: np.ndarray, frames: np.ndarray, setpoints: np.ndarray, chunks: list,
+            params: dict[str, Any], seconds: float = 2.0) -> dict[str, Any]:
+    """About ``seconds`` from the middle of the window: joint 0's setpoints and the chunks' actions for it."""
+    mid = stamps[len(stamps) // 2]
+    keep = (stamps >= mid - seconds / 2 * 1e9) & (stamps < mid + seconds / 2 * 1e9)
+    t0 = int(stamps[keep][0]) if keep.any() else int(mid)
+    out_chunks = []
+    for c in chunks:
+        dt = stamp_to_ns(c.dt)
+        actions = np.asarray(c.actions, dtype=np.float64).reshape(c.horizon, c.action_dim)
+        times = header_ns(c) + (c.first_step + np.arange(c.horizon) + 1) * dt
+        if times[-1] < t0 or times[0] > t0 + seconds * 1e9:
+            continue
+        out_chunks.append({"frame_index": int(c.frame_index), "t_s": ((times - t0) / 1e9).round(4).tolist(),
+                           "joint0": actions[:, 0].round(5).tolist()})
+    return {"joint": str(params["joint_names"][0]), "t_s": ((stamps[keep] - t0) / 1e9).round(5).tolist(),
+            "setpoint": setpoints[keep, 0].round(5).tolist(), "frame_index": frames[keep].tolist(),
+            "chunks": out_chunks}
+
+
+def _fmt(v: float | None, spec: str = ".2f") -> str:
+    return "-" if v is None else format(v, spec)
+
+
+def table(result: dict[str, Any]) -> str:
+    """The summary table (markdown) and the verdicts."""
+    rows = ["| run | rate | switch | remainder | period error p50 / p99 / max (ms) | p99 % of period | late ticks "
+            "| switches | jump at switch mean / max (units/s) | within chunk mean | underruns (ticks) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in result["runs"]:
+        e, j = r["period"]["error_ms"], r["jumps"]
+        rows.append(f"| {r['name']} | {r['rate_hz']:g} Hz | {r['switch']} | {r['remainder_source']} | "
+                    f"{_fmt(e['p50'], '.3f')} / {_fmt(e['p99'], '.3f')} / {_fmt(e['max'], '.1f')} | "
+                    f"{_fmt(r['period']['error_pct']['p99'], '.1f')}% | {r['period']['late_ticks']} | "
+                    f"{j['switches']} | {_fmt(j['switch']['mean'], '.3f')} / {_fmt(j['switch']['max'], '.3f')} | "
+                    f"{_fmt(j['within']['mean'], '.3f')} | {r['underruns']} ({r['underrun_ticks']}) |")
+    fifo = result.get("executor_fifo", 0)
+    lines = rows + ["", f"Host: {result['host']}; {result['date']}; command: `{result['command']}`; executor "
+                    + (f"under SCHED_FIFO {fifo} (chrt)" if fifo else "at normal priority") + ".", ""]
+    lines += [f"- {v}" for v in result["verdicts"]]
+    return "\n".join(lines)
+
+
+def verdicts(runs: list[dict[str, Any]]) -> list[str]:
+    """The target (100 Hz: p99 period error <= 20% of the period) and remainder-source comparisons, in words."""
+    out = []
+    for r in runs:
+        if r["rate_hz"] == 100.0:
+            p99 = r["period"]["error_pct"]["p99"]
+            ok = p99 is not None and p99 <= 20.0
+            out.append(f"{r['name']}: p99 period error {_fmt(p99, '.1f')}% of the period: "
+                       + ("target (<= 20%) met" if ok else "target (<= 20%) NOT met"))
+    by = {r["name"]: r for r in runs}
+    for switch in ("replace", "aggregate"):
+        a, b = by.get(f"100hz_{switch}_executor"), by.get(f"100hz_{switch}_timing_rule")
+        if a and b and a["jumps"]["switch"]["mean"] is not None and b["jumps"]["switch"]["mean"] is not None:
+            ea, eb = a["jumps"]["switch"]["mean"], b["jumps"]["switch"]["mean"]
+            out.append(f"switch {switch}: mean switch jump with remainder_source executor {ea:.3f} vs timing_rule "
+                       f"{eb:.3f} units/s ({'no worse' if ea <= eb * 1.05 else 'WORSE'}; ratio {ea / eb:.2f})")
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    root = source_checkout() or Path.cwd()
+    ap.add_argument("--config", type=Path, default=root / "config" / "tabletop.yaml")
+    ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
+    ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the first tick before measuring")
+    ap.add_argument("--runs", nargs="*", default=[r.name for r in RUNS], choices=[r.name for r in RUNS])
+    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
+    ap.add_argument("--executor-fifo", type=int, default=0, metavar="PRIORITY",
+                    help="run the executor under chrt -f PRIORITY (SCHED_FIFO, as a controller loop); 0: normal")
+    ap.add_argument("--out", type=Path, default=Path("runs/executor_timing"))
+    args = ap.parse_args(argv)
+    runs = []
+    for i, spec in enumerate(r for r in RUNS if r.name in args.runs):
+        print(f"[{i + 1}/{len(args.runs)}] {spec.name} ({args.duration:g} s)", flush=True)
+        runs.append(run_one(spec, args.config, args.duration, args.warmup, args.domain_id + i,
+                            executor_fifo=args.executor_fifo))
+    command = "python -m oxygen_ros.bench.executor_timing " + " ".join(argv if argv is not None else sys.argv[1:])
+    result = {"runs": runs, "verdicts": verdicts(runs), "command": command.strip(),
+              "host": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared)",
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "config": str(args.config),
+              "executor_fifo": args.executor_fifo}
+    write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")
+
+
+if __name__ == "__main__":
+    main()
