@@ -171,7 +171,8 @@ def run_one(spec: RunSpec, config: Path, duration_s: float, warmup_s: float, dom
     holding = np.array([t[2] for t in ticks])
     setpoints = np.array([t[3] for t in ticks], dtype=np.float64)
     return {
-        **asdict(spec), "duration_s": duration_s, "executor_fifo": executor_fifo, "node_exit_code": node_code,
+        **asdict(spec), "duration_s": duration_s, "executor_fifo": executor_fifo, "camera_size": camera_size,
+        "node_exit_code": node_code,
         "executor_exit_code": executor_code,
         "period": period_errors(stamps, spec.rate_hz),
         "jumps": switch_jumps(stamps, frames, setpoints, holding),
@@ -224,7 +225,8 @@ def table(result: dict[str, Any]) -> str:
                     f"{j['switches']} | {_fmt(j['switch']['mean'], '.3f')} / {_fmt(j['switch']['max'], '.3f')} | "
                     f"{_fmt(j['within']['mean'], '.3f')} | {r['underruns']} ({r['underrun_ticks']}) |")
     fifo = result.get("executor_fifo", 0)
-    lines = rows + ["", f"Host: {result['host']}; {result['date']}; command: `{result['command']}`; executor "
+    lines = rows + ["", f"Host: {result['host']}; {result['date']}; command: `{result['command']}`; load: 2 "
+                    f"cameras {result.get('camera_size', '640x480')} rgb8 at 30 Hz + joint_states at 50 Hz; executor "
                     + (f"under SCHED_FIFO {fifo} (chrt)" if fifo else "at normal priority") + ".", ""]
     lines += [f"- {v}" for v in result["verdicts"]]
     return "\n".join(lines)
@@ -257,6 +259,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the first tick before measuring")
     ap.add_argument("--runs", nargs="*", default=[r.name for r in RUNS], choices=[r.name for r in RUNS])
     ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
+    ap.add_argument("--camera-size", default="640x480", help="the load's camera images (default 640x480)")
     ap.add_argument("--executor-fifo", type=int, default=0, metavar="PRIORITY",
                     help="run the executor under chrt -f PRIORITY (SCHED_FIFO, as a controller loop); 0: normal")
     ap.add_argument("--out", type=Path, default=Path("runs/executor_timing"))
@@ -265,12 +268,12 @@ def main(argv: list[str] | None = None) -> None:
     for i, spec in enumerate(r for r in RUNS if r.name in args.runs):
         print(f"[{i + 1}/{len(args.runs)}] {spec.name} ({args.duration:g} s)", flush=True)
         runs.append(run_one(spec, args.config, args.duration, args.warmup, args.domain_id + i,
-                            executor_fifo=args.executor_fifo))
+                            camera_size=args.camera_size, executor_fifo=args.executor_fifo))
     command = "python -m oxygen_ros.bench.executor_timing " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"runs": runs, "verdicts": verdicts(runs), "command": command.strip(),
               "host": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared)",
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "config": str(args.config),
-              "executor_fifo": args.executor_fifo}
+              "executor_fifo": args.executor_fifo, "camera_size": args.camera_size}
     write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")
 
 
