@@ -18,7 +18,9 @@ def plot_setpoints(result: dict[str, Any], path: Path, panels: int = 2) -> Path:
     """Draw up to ``panels`` runs (the executor-remainder ones first) into ``path``."""
     import matplotlib.pyplot as plt
 
-    by = {r["name"]: r for r in result["runs"]}
+    by = {}
+    for r in result["runs"]:
+        by.setdefault(r["name"], r)  # the first repeat
     chosen = [by[n] for n in PANELS if n in by][:panels] or result["runs"][:1]
     fig, axes = plt.subplots(len(chosen), 1, figsize=(11, 3.4 * len(chosen)), squeeze=False)
     for ax, run in zip(axes[:, 0], chosen, strict=True):

@@ -6,7 +6,8 @@ error against ``1 / rate``, and the setpoint jumps at chunk switches.
   whole period (counted as ``late_ticks``: a gap over 1.5 periods).
 - switch jump: at a tick whose chunk in force (``frame_index``) differs from the previous tick's, the largest
   joint's ``|setpoint_k - setpoint_{k-1}| / (t_k - t_{k-1})`` (units/s: a velocity). Ticks within a chunk give the
-  baseline (the motion's own speed); a switch that jumps shows well above it.
+  baseline (the motion's own speed); a switch that jumps shows well above it. ``columns`` picks the joints (the
+  benchmark leaves out grippers: an open / close command is a step by design and would be the max of every tick).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ def period_errors(stamps_ns: np.ndarray, rate_hz: float) -> dict[str, Any]:
 
 
 def switch_jumps(stamps_ns: np.ndarray, frame_index: np.ndarray, setpoints: np.ndarray,
-                 holding: np.ndarray | None = None) -> dict[str, Any]:
+                 holding: np.ndarray | None = None, columns: list[int] | None = None) -> dict[str, Any]:
     """Setpoint speed (max over joints of |delta| / dt) at chunk switches and within chunks.
 
     ``stamps_ns`` [N] tick stamps (sorted), ``frame_index`` [N] the chunk in force, ``setpoints`` [N, D],
@@ -47,6 +48,8 @@ def switch_jumps(stamps_ns: np.ndarray, frame_index: np.ndarray, setpoints: np.n
     t = np.asarray(stamps_ns, dtype=np.int64)
     fi = np.asarray(frame_index)
     sp = np.asarray(setpoints, dtype=np.float64)
+    if columns is not None:
+        sp = sp[:, columns]
     hold = np.zeros(t.size, bool) if holding is None else np.asarray(holding, bool)
     if t.size < 2:
         return {"switches": 0, "switch": _pcts(np.zeros(0)), "within": _pcts(np.zeros(0)), "switch_over_within": None}

@@ -1,0 +1,84 @@
+"""The executor timing benchmark (issue 33, item 10): its statistics on known tick series, the report, and a short
+real run (node + executor + load processes) that writes results.json, summary.md and setpoints.png."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from oxygen_ros.bench.executor_timing_stats import period_errors, switch_jumps
+
+MS = 1_000_000
+
+
+def test_period_errors_of_a_jittered_and_skipping_timer() -> None:
+    stamps = np.arange(101) * 10 * MS  # 100 Hz, perfect
+    r = period_errors(stamps, 100.0)
+    assert r["ticks"] == 101 and r["error_ms"]["max"] == 0 and r["late_ticks"] == 0
+    jittered = stamps.copy()
+    jittered[50] += 2 * MS  # one tick 2 ms late: two periods off by 2 ms
+    jittered = np.delete(jittered, 80)  # one tick skipped: a 20 ms period
+    r = period_errors(jittered, 100.0)
+    assert r["error_ms"]["max"] == pytest.approx(10.0) and r["late_ticks"] == 1
+    assert r["error_ms"]["p50"] == 0 and r["error_pct"]["max"] == pytest.approx(100.0)
+
+
+def test_switch_jumps_against_the_motion_within_chunks() -> None:
+    t = np.arange(10) * 10 * MS
+    frames = np.array([1] * 5 + [2] * 5)
+    sp = np.zeros((10, 2))
+    sp[:, 0] = np.arange(10) * 0.01  # 1 unit/s within chunks
+    sp[5:, 1] = 0.05  # the switch at tick 5 jumps 0.05 in joint 1 -> 5 units/s
+    r = switch_jumps(t, frames, sp)
+    assert r["switches"] == 1 and r["switch"]["max"] == pytest.approx(5.0)
+    assert r["within"]["mean"] == pytest.approx(1.0) and r["switch_over_within"] == pytest.approx(5.0)
+    held = switch_jumps(t, frames, sp, holding=np.arange(10) == 5)
+    assert held["switches"] == 0  # a holding tick is not a switch
+    assert switch_jumps(t[:1], frames[:1], sp[:1])["switches"] == 0
+
+
+def _fake_run(name: str, rate: float, switch: str, source: str, jump: float, p99_ms: float) -> dict:
+    return {"name": name, "rate_hz": rate, "switch": switch, "remainder_source": source, "underruns": 0,
+            "underrun_ticks": 0, "period": {"error_ms": {"p50": 0.1, "p99": p99_ms, "max": 5.0},
+                                             "error_pct": {"p99": 100 * p99_ms * rate / 1e3}, "late_ticks": 0},
+            "jumps": {"switches": 3, "switch": {"mean": jump, "max": 2 * jump}, "within": {"mean": 1.0},
+                      "switch_over_within": jump},
+            "series": {"joint": "ee_x", "t_s": [0.0, 0.01, 0.02], "setpoint": [0.1, 0.2, 0.3],
+                       "frame_index": [1, 1, 2], "chunks": [{"t_s": [0.0, 0.05], "joint0": [0.1, 0.3]}]}}
+
+
+def test_report_states_the_target_and_the_comparison(tmp_path) -> None:
+    from oxygen_ros.bench.executor_timing import table, verdicts
+    from oxygen_ros.bench.executor_timing_plots import plot_setpoints
+
+    runs = [_fake_run("100hz_replace_timing_rule", 100.0, "replace", "timing_rule", 2.0, 1.0),
+            _fake_run("100hz_replace_executor", 100.0, "replace", "executor", 1.5, 3.0)]
+    v = verdicts(runs)
+    assert "100hz_replace_timing_rule: p99 period error 10.0% of the period: target (<= 20%) met" in v
+    assert any("30.0% of the period: target (<= 20%) NOT met" in x for x in v)
+    assert any("executor 1.500 vs timing_rule 2.000 units/s (no worse within 5%; ratio 0.75" in x for x in v)
+    text = table({"runs": runs, "verdicts": v, "host": "h", "date": "d", "command": "c"})
+    assert "| 100hz_replace_executor | 100 Hz | replace | executor |" in text
+    assert plot_setpoints({"runs": runs}, tmp_path / "s.png").stat().st_size > 1000
+
+
+@pytest.mark.ros
+@pytest.mark.slow
+def test_a_short_real_run_writes_its_report(tmp_path) -> None:
+    pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    from oxygen_ros.bench.executor_timing import main
+
+    main(["--duration", "4", "--warmup", "2", "--runs", "100hz_aggregate_executor", "--camera-size", "64x48",
+          "--domain-id", str(20 + (os.getpid() * 29 + 3) % 100), "--out", str(tmp_path)])
+    result = json.loads((tmp_path / "results.json").read_text())
+    run = result["runs"][0]
+    assert run["node_exit_code"] == 0 and run["executor_exit_code"] == 0, run
+    assert run["period"]["ticks"] > 200 and run["jumps"]["switches"] > 3, run  # ~4 s at 100 Hz, ~10 Hz chunks
+    assert run["period"]["mean_period_ms"] == pytest.approx(10.0, rel=0.3)
+    assert int(run["node_rtc_remainders"]["rtc_remainders_executor"]) > 0, run
+    assert (tmp_path / "setpoints.png").stat().st_size > 10_000 and "100hz_aggregate_executor" in \
+        (tmp_path / "summary.md").read_text()
