@@ -208,8 +208,23 @@ def test_limits_hold_on_every_setpoint_and_the_first_is_rate_limited() -> None:
         assert np.abs(v[:, 0]).max() <= 0.5 * (1 + tol) and np.abs(v[:, 1]).max() <= 1.0 * (1 + tol)
         assert np.abs(acc[:, 0]).max() <= 2.0 * (1 + tol) and np.abs(acc[:, 1]).max() <= 4.0 * (1 + tol)
         assert np.all(np.abs((v[0] - v0) / (t[1] - t[0])) <= np.array([2.0, 4.0]) * (1 + tol))
-        assert int(pr.diagnostic("limits.a.limited_setpoints", "0")) > 0 or pr.wait_for(
-            lambda: int(pr.diagnostic("limits.a.limited_setpoints", "0")) > 0, 3)
+        assert pr.wait_for(lambda: int(pr.diagnostic("limits.a.limited_setpoints", "0")) > 0, 5), pr.diagnostics
+        bad = pr.publish_chunk(rows, pr.now_ns(), DT_S, names)  # bad input: counted, never a crash
+        bad.horizon = 5
+        pr.chunk_pub.publish(bad)
+        assert pr.wait_for(lambda: pr.diagnostic("chunks.malformed") == "1", 5), pr.diagnostics
+        assert proc.alive
+
+
+def test_invalid_parameters_stop_it_with_every_problem_named() -> None:
+    proc = NodeProcess(None, {"switch": "blend", "command_rate_hz": -1.0, "limits.a.max_acceleration": 0.0},
+                       domain_id=DOMAIN, module="oxygen_ros.executor").start()
+    try:
+        assert proc.proc.wait(60) == 2, proc.output()
+    finally:
+        proc.stop()
+    out = proc.output()
+    assert all(name in out for name in ("switch", "command_rate_hz", "limits.a.max_acceleration")), out
 
 
 @pytest.mark.parametrize("output, rate", [("float64_array", 500.0), ("joint_state", 100.0), ("trajectory", 100.0)])
