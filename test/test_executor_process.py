@@ -26,6 +26,7 @@ pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not bu
 
 os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
+from oxygen_ros.executor.interpolation import Curve  # noqa: E402
 from oxygen_ros.ros.stamps import stamp_to_ns  # noqa: E402
 from oxygen_ros.testing import NodeProcess  # noqa: E402
 from oxygen_ros.testing.executor_probe import ExecutorProbe  # noqa: E402
@@ -109,6 +110,33 @@ def test_setpoints_follow_the_timing_rule_and_executed_carries_the_plan() -> Non
         assert pr.wait_for(lambda: pr.diagnostic("stale") == "1", 10), pr.diagnostics
         assert pr.diagnostic("underruns") == "1" and int(pr.diagnostic("underrun_ticks")) > 0
         assert all(m.position[0] == h for m in pr.got_outputs() if ns(m.header.stamp) >= due(last))  # no extrapolation
+
+
+@pytest.mark.parametrize("mode, rate", [("linear", 100.0), ("cubic", 500.0)])
+def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rate: float) -> None:
+    period = round(1e9 / rate)
+    with executor({"command_rate_hz": rate, "interpolation": mode}) as (proc, pr):
+        names, measured = ["a", "b"], [0.25, -0.5]
+        pr.stream_joints(names, measured)
+        assert pr.wait_for(lambda: pr.diagnostic("state") == "not_started", 10), proc.output()
+        rows = np.array([[1.0, 0.0], [3.0, 1.0], [2.0, -1.0], [2.5, 0.5], [0.0, 0.0]])
+        stamp = pr.now_ns() + 100 * MS
+        pr.publish_chunk(rows, stamp, DT_S, names)
+        end = stamp + len(rows) * DT
+        assert pr.wait_for(lambda: any(ns(m.header.stamp) > end for m in pr.got_outputs()), 10), proc.output()
+        outs = pr.got_outputs()
+        # the path starts one period before the first setpoint, at rest at the measured position (no limits set)
+        curve = Curve.through(mode, ns(outs[0].header.stamp) - period, np.array(measured), np.zeros(2),
+                              stamp + (np.arange(len(rows)) + 1) * DT, rows)
+        for m in outs:
+            pos, vel = curve.at(ns(m.header.stamp))
+            np.testing.assert_allclose(m.position, pos, rtol=0, atol=1e-9)
+            np.testing.assert_allclose(m.velocity, vel, rtol=0, atol=1e-6)
+        at_rows = [m for m in outs if (ns(m.header.stamp) - stamp) % DT == 0]  # ticks that fall on a due time
+        for m in at_rows:
+            t = (ns(m.header.stamp) - stamp) // DT - 1
+            if 0 <= t < len(rows):
+                np.testing.assert_allclose(m.position, rows[t], atol=1e-9)  # through the actions
 
 
 def test_replace_never_uses_a_superseded_chunk_and_aggregate_matches_lerobot() -> None:
