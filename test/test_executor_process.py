@@ -274,5 +274,6 @@ def test_each_output_carries_the_joint_order(output: str, rate: float) -> None:
             assert ns(m.points[0].time_from_start) == round(1e9 / rate)
         e = pr.got_executed()[-1]
         assert list(e.joint_names) == ["j_a", "j_b", "j_c"] and list(e.setpoint) == [1.0, 2.0, 3.0]
-        stamps = np.array([ns(e.header.stamp) for e in pr.got_executed()[-50:]])
-        assert np.median(np.diff(stamps)) == pytest.approx(1e9 / rate, rel=0.1)  # the command rate
+        stamps = np.array([ns(e.header.stamp) for e in pr.got_executed()[-100:]])
+        # the command rate (the median tick; late ticks on a loaded machine shift it a little, never 5x)
+        assert np.median(np.diff(stamps)) == pytest.approx(1e9 / rate, rel=0.25)
