@@ -9,6 +9,8 @@
         checkpoint_path:=/models/pi05_libero namespace:=arm1
     # bag replay: follow /clock
     ros2 launch oxygen_ros oxygen.launch.py use_sim_time:=true
+    # with the chunk executor (docs/executor.md): timed, limited setpoints at the controller's rate
+    ros2 launch oxygen_ros oxygen.launch.py with_executor:=true executor_config_file:=/path/to/executor.yaml
 
 (In the venv of ``make setup``, where there is no ros2cli: ``. tools/ros_env.sh`` then ``oxygen-launch`` with the same
 arguments.)
@@ -16,7 +18,9 @@ arguments.)
 Arguments: config_file, checkpoint_path (replaces the file's model when set), use_sim_time, namespace, node_name,
 autostart, trajectory_topic (where ~/trajectory is remapped to), log_level, with_sim (also start the tabletop
 simulator node, ``tabletop_sim``, that publishes the cameras, joint states and instruction and executes the chunks),
-dds_profile (the Fast DDS profile for the started processes).
+dds_profile (the Fast DDS profile for the started processes), with_executor (also start the chunk executor,
+``oxygen_executor``, in its own process, wired to the node's chunks and halt) and executor_config_file (its
+parameters; the node's config_file is given to it first, so it shares action_rate_hz and the limits.* parameters).
 
 Every name is relative, so the file can be included under ``PushRosNamespace``: the node, and with ``with_sim`` the
 simulator, live in the including namespace (plus ``namespace``), and the simulator is wired to the node's relative
@@ -57,6 +61,10 @@ ARGUMENTS: list[tuple[str, Any, str]] = [
     ("log_level", "info", "ROS log level of the node"),
     ("with_sim", "false", "also start the tabletop simulator (tabletop_sim) as the robot: closed-loop demo (the "
      "node's cameras are wired to the simulator's; with use_sim_time the simulator publishes /clock)"),
+    ("with_executor", "false", "also start the chunk executor (oxygen_executor, its own process): the node's chunks "
+     "as timed, limited setpoints at the controller's rate (docs/executor.md)"),
+    ("executor_config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "executor.yaml"]),
+     "the executor's parameters (output, output_topic, output_joints, switch, interpolation, ...)"),
     ("dds_profile", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", PROFILE_FILE_NAME]),
      "Fast DDS profile for the started processes (sized for raw camera images); '' = none; a profile that the "
      "environment already names (FASTDDS_DEFAULT_PROFILES_FILE) is kept"),
@@ -119,6 +127,17 @@ def tabletop_sim(node_name: str = "oxygen", namespace: str = "", publish_clock: 
                              "publish_clock": publish_clock, "use_sim_time": False}], **kwargs)
 
 
+def chunk_executor(node_name: str = "oxygen", namespace: str = "", config_file: str | None = None,
+                   executor_config_file: str | None = None, use_sim_time: bool = False, **kwargs: Any) -> Node:
+    """The chunk executor in the oxygen node's namespace, wired to its ``~/action_chunk`` and ``~/halt`` by relative
+    names. Parameters: the node's preset first (action_rate_hz, action_names, limits.*), then the executor's file."""
+    kwargs.setdefault("output", "screen")
+    files = [f for f in (config_file, executor_config_file) if f]
+    return Node(package=PACKAGE, executable="oxygen_executor", name="oxygen_executor", namespace=namespace,
+                parameters=[*files, {"chunk_topic": f"{node_name}/action_chunk", "halt_topic": f"{node_name}/halt",
+                                     "use_sim_time": use_sim_time}], **kwargs)
+
+
 def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[GroupAction]:
     def value(name: str) -> str:
         return LaunchConfiguration(name).perform(context)
@@ -132,6 +151,9 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
             actions.append(LogInfo(msg="oxygen.launch.py: with_sim + use_sim_time: the simulator publishes its "
                                        "simulated time on /clock and the node follows it"))
         actions.append(tabletop_sim(value("node_name"), value("namespace"), publish_clock=use_sim_time))
+    if _as_bool(value("with_executor")):
+        actions.append(chunk_executor(value("node_name"), value("namespace"), value("config_file") or None,
+                                      value("executor_config_file") or None, use_sim_time))
     actions.append(oxygen_node(
         config_file=value("config_file") or None,
         checkpoint_path=value("checkpoint_path"),

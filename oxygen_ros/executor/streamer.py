@@ -163,22 +163,27 @@ class SetpointStreamer:
             t0, p0, v0 = self._last
             self._curve = Curve.through(self.interpolation, t0, p0, v0, plan.times_ns, plan.values)
             self._plan_id = plan_id
-        target, _ = self._curve.at(now_ns)
+        target, target_velocity = self._curve.at(now_ns)
         exhausted = now_ns >= plan.end_ns
         if exhausted:
             self.counts["underrun_ticks"] += 1
             if self._exhausted_plan != plan_id:
                 self._exhausted_plan = plan_id
                 self.counts["underruns"] += 1
-        out = self._command(now_ns, target)
+        out = self._command(now_ns, target, target_velocity)
         return self._report(Setpoint(now_ns, out[0], out[1], exhausted, "exhausted" if exhausted else "following"))
 
-    def _command(self, now_ns: int, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _command(self, now_ns: int, target: np.ndarray,
+                  target_velocity: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The limited step toward ``target``: (setpoint, velocity). The velocity reported is the path's own where
+        the setpoint is the target (no limit acted), else the limited step's."""
         t0, p0, v0 = self._last
         p, v = self.limiter.step(p0, v0, target, (now_ns - t0) / 1e9) if now_ns > t0 else (p0.copy(), v0 * 0)
-        self._last = (now_ns, p, v)
+        self._last = (now_ns, p, v)  # the limiter continues from its own (finite-difference) velocity
         self.counts["setpoints"] += 1
-        return p, v
+        if target_velocity is None:
+            return p, v
+        return p, np.where(p == target, target_velocity, v)
 
     def _hold(self, now_ns: int, state: str, exact: bool) -> Setpoint:
         """Hold the last setpoint: exactly (halt: at once), or brought to rest within the limits."""

@@ -63,9 +63,10 @@ class ExecutorProbe:
         keep_all = QoSProfile(history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
         self.chunk_pub = n.create_publisher(ActionChunk, chunk_topic, 10)
         self.joint_pub = n.create_publisher(JointState, "/joint_states", 10)
-        self.halt_pub = n.create_publisher(Bool, halt_topic, 10)
-        self.urdf_pub = n.create_publisher(String, "/robot_description", QoSProfile(
-            depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
+                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        self.halt_pub = n.create_publisher(Bool, halt_topic, latched)  # matches both of the executor's
+        self.urdf_pub = n.create_publisher(String, "/robot_description", latched)
         n.create_subscription(OUTPUT_TYPES[output], output_topic, self._record(self.outputs), keep_all)
         n.create_subscription(ExecutedPlan, f"{executor}/executed", self._record(self.executed), keep_all)
         self._diag_name = f"{executor.rsplit('/', 1)[-1]}: executor"

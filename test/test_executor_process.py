@@ -1,0 +1,279 @@
+"""The chunk executor as a separate process over real DDS (``python -m oxygen_ros.executor``), driven by a probe
+node that publishes chunks, joint states, halt and a URDF and records the setpoints and ``~/executed``:
+
+- setpoints follow the timing rule within one command period, and ``~/executed`` carries the step and the plan;
+- replace never uses a superseded chunk; aggregation equals LeRobot's weighted average over DDS;
+- halt holds within one period and does not jump back when released;
+- URDF and acceleration limits hold on every setpoint, and the first setpoint is rate-limited from the joint state;
+- each output type carries the right joint order (at 100 and 500 Hz).
+
+Each test starts its own executor on this module's ROS domain (localhost discovery) and waits for conditions,
+never for a fixed snapshot of a periodic topic.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+pytest.importorskip("rclpy", reason="rclpy is not installed")
+pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+
+os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+from oxygen_ros.executor.interpolation import Curve  # noqa: E402
+from oxygen_ros.ros.stamps import stamp_to_ns  # noqa: E402
+from oxygen_ros.testing import NodeProcess  # noqa: E402
+from oxygen_ros.testing.executor_probe import ExecutorProbe  # noqa: E402
+
+pytestmark = [pytest.mark.ros, pytest.mark.slow]
+
+DOMAIN = 140 + (os.getpid() * 11 + 3) % 80  # FastDDS accepts domain ids up to 232
+MS = 1_000_000
+DT_S = 0.05
+DT = 50 * MS
+
+URDF = """<?xml version="1.0"?>
+<robot name="executor_test_robot">
+  <link name="base"/><link name="l1"/><link name="l2"/>
+  <joint name="a" type="revolute"><parent link="base"/><child link="l1"/>
+    <limit lower="-1.0" upper="1.0" velocity="0.5" effort="1"/></joint>
+  <joint name="b" type="continuous"><parent link="l1"/><child link="l2"/>
+    <limit velocity="1.0" effort="1"/></joint>
+</robot>
+"""
+
+
+@contextlib.contextmanager
+def executor(overrides: dict, output: str = "joint_state") -> Iterator[tuple[NodeProcess, ExecutorProbe]]:
+    proc = NodeProcess(None, {"output": output, **overrides}, domain_id=DOMAIN, module="oxygen_ros.executor").start()
+    probe = ExecutorProbe(DOMAIN, output=output)
+    try:
+        assert probe.wait_for_executor(40), proc.output()
+        yield proc, probe
+    finally:
+        probe.close()
+        proc.stop(timeout=10)
+
+
+def ns(stamp) -> int:
+    return stamp_to_ns(stamp)
+
+
+def test_setpoints_follow_the_timing_rule_and_executed_carries_the_plan() -> None:
+    period = 10 * MS
+    with executor({"command_rate_hz": 100.0, "interpolation": "hold", "stale_timeout_s": 1.0}) as (proc, pr):
+        names = ["b", "a"]  # the chunk's own order: outputs and ~/executed keep it
+        pr.stream_joints(names, [0.0, 0.0])
+        assert pr.wait_for(lambda: pr.diagnostic("state") == "not_started", 10), proc.output()
+        h, first = 8, 2
+        rows = np.stack([np.arange(1, h + 1), -np.arange(1, h + 1)], axis=1).astype(np.float64)
+        stamp = pr.now_ns() + 100 * MS  # the whole chunk still ahead when it arrives
+        pr.publish_chunk(rows, stamp, DT_S, names, frame_index=7, first_step=first)
+        last = first + h - 1
+        assert pr.wait_for(lambda: any(e.step == last and e.holding for e in pr.got_executed()), 10), proc.output()
+
+        def due(step: int) -> int:
+            return stamp + (step + 1) * DT
+
+        outs = [m for m in pr.got_outputs() if ns(m.header.stamp) >= stamp]
+        assert outs and all(list(m.name) == names for m in outs)
+        for m in outs:  # hold: the value of the last row whose due time passed (the measured 0 before the first)
+            tau, value = ns(m.header.stamp), m.position[0]
+            if value == 0.0:
+                assert tau < due(first) + period, (tau - stamp) / MS
+                continue
+            t = int(round(value)) - 1
+            assert value == t + 1 and m.position[1] == -value
+            assert due(first + t) <= tau + period, ((tau - stamp) / MS, t)
+            assert t == h - 1 or due(first + t + 1) > tau - period, ((tau - stamp) / MS, t)
+        executed = [e for e in pr.got_executed() if ns(e.chunk_stamp) == stamp]
+        by_stamp = {ns(m.header.stamp): m for m in outs}
+        following = [e for e in executed if not e.holding]
+        assert following, "no ~/executed while following the chunk"
+        for e in executed:
+            tau = ns(e.header.stamp)
+            assert e.frame_index == 7 and list(e.joint_names) == names and ns(e.dt) == DT
+            assert e.step == max(-1, min(last, (tau - stamp) // DT - 1))
+            if tau in by_stamp:
+                assert list(e.setpoint) == list(by_stamp[tau].position)
+        for e in following:  # the plan: the rows after the step in force, due from plan_start on
+            plan = np.asarray(e.plan, dtype=np.float64).reshape(e.plan_length, 2)
+            np.testing.assert_array_equal(plan, rows[e.step + 1 - first:] if e.step >= first else rows)
+            assert ns(e.plan_start) == due(max(e.step + 1, first))
+        # the chunk ran out: held and counted; then no chunk for stale_timeout_s: stale, on /diagnostics
+        assert pr.wait_for(lambda: pr.diagnostic("stale") == "1", 10), pr.diagnostics
+        assert pr.diagnostic("underruns") == "1" and int(pr.diagnostic("underrun_ticks")) > 0
+        assert all(m.position[0] == h for m in pr.got_outputs() if ns(m.header.stamp) >= due(last))  # no extrapolation
+
+
+@pytest.mark.parametrize("mode, rate", [("linear", 100.0), ("cubic", 500.0)])
+def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rate: float) -> None:
+    period = round(1e9 / rate)
+    with executor({"command_rate_hz": rate, "interpolation": mode}) as (proc, pr):
+        names, measured = ["a", "b"], [0.25, -0.5]
+        pr.stream_joints(names, measured)
+        assert pr.wait_for(lambda: pr.diagnostic("state") == "not_started", 10), proc.output()
+        rows = np.array([[1.0, 0.0], [3.0, 1.0], [2.0, -1.0], [2.5, 0.5], [0.0, 0.0]])
+        stamp = pr.now_ns() + 100 * MS
+        pr.publish_chunk(rows, stamp, DT_S, names)
+        end = stamp + len(rows) * DT
+        assert pr.wait_for(lambda: any(ns(m.header.stamp) > end for m in pr.got_outputs()), 10), proc.output()
+        outs = pr.got_outputs()
+        # the path starts one period before the first setpoint, at rest at the measured position (no limits set)
+        curve = Curve.through(mode, ns(outs[0].header.stamp) - period, np.array(measured), np.zeros(2),
+                              stamp + (np.arange(len(rows)) + 1) * DT, rows)
+        for m in outs:
+            pos, vel = curve.at(ns(m.header.stamp))
+            np.testing.assert_allclose(m.position, pos, rtol=0, atol=1e-9)
+            np.testing.assert_allclose(m.velocity, vel, rtol=0, atol=1e-6)
+        at_rows = [m for m in outs if (ns(m.header.stamp) - stamp) % DT == 0]  # ticks that fall on a due time
+        for m in at_rows:
+            t = (ns(m.header.stamp) - stamp) // DT - 1
+            if 0 <= t < len(rows):
+                np.testing.assert_allclose(m.position, rows[t], atol=1e-9)  # through the actions
+
+
+def test_replace_never_uses_a_superseded_chunk_and_aggregate_matches_lerobot() -> None:
+    for switch in ("replace", "aggregate"):
+        with executor({"command_rate_hz": 100.0, "interpolation": "hold", "switch": switch,
+                       "aggregate": "weighted_average"}) as (proc, pr):
+            names = ["a"]
+            pr.stream_joints(names, [0.0])
+            s = pr.now_ns() + 100 * MS
+            a = np.arange(20, dtype=np.float64)[:, None]
+            b = 100.0 + np.arange(20, dtype=np.float64)[:, None]
+            pr.publish_chunk(a, s, DT_S, names, frame_index=1)
+            assert pr.wait_for(lambda s=s: any(ns(e.chunk_stamp) == s for e in pr.got_executed()), 10), proc.output()
+            s_b = s + 3 * DT  # on A's grid, overlapping it
+            pr.publish_chunk(b, s_b, DT_S, names, frame_index=2)
+            assert pr.wait_for(lambda s_b=s_b: any(ns(e.chunk_stamp) == s_b for e in pr.got_executed()), 10)
+            pr.publish_chunk(500.0 + a, s + DT, DT_S, names, frame_index=3)  # older than B: superseded
+            assert pr.wait_for(lambda: pr.diagnostic("chunks.not_used.superseded") == "1", 10), pr.diagnostics
+            e = next(e for e in pr.got_executed() if ns(e.chunk_stamp) == s_b and e.plan_length)
+            start = ns(e.plan_start)
+            for i, got in enumerate(e.plan):
+                tau = start + i * DT
+                t_b = (tau - s_b) // DT - 1
+                t_a = (tau - s) // DT - 1
+                expect = b[t_b, 0]
+                if switch == "aggregate" and t_a <= 19:  # LeRobot: 0.3 old + 0.7 new where both hold a value
+                    expect = 0.3 * a[t_a, 0] + 0.7 * b[t_b, 0]
+                assert got == pytest.approx(expect, rel=1e-6), (i, got, expect)
+            time.sleep(0.3)
+            assert all(m.position[0] < 500 for m in pr.got_outputs()), "a superseded chunk was executed"
+
+
+def test_halt_holds_within_one_period_and_does_not_jump_back() -> None:
+    period = 10 * MS
+    with executor({"command_rate_hz": 100.0, "interpolation": "linear", "limits.a.max_velocity": 2.0}) as (proc, pr):
+        names = ["a"]
+        latest = [0.0]
+
+        def robot() -> list[float]:  # a robot that follows its setpoints
+            outs = pr.got_outputs()
+            latest[0] = outs[-1].position[0] if outs else 0.0
+            return [latest[0]]
+
+        pr.stream_joints(names, robot, rate_hz=100.0)
+        s = pr.now_ns()
+        pr.publish_chunk(np.linspace(0.0, 1.9, 40)[:, None], s, DT_S, names)  # 1 /s for 2 s
+        assert pr.wait_for(lambda: any(m.position[0] > 0.3 for m in pr.got_outputs()), 10), proc.output()
+        t_halt = pr.now_ns()
+        pr.halt(True)
+        assert pr.wait_for(lambda: pr.diagnostic("state") == "halted", 5)
+        time.sleep(0.3)
+        after = [(ns(m.header.stamp), m.position[0]) for m in pr.got_outputs() if ns(m.header.stamp) > t_halt]
+        held = after[-1][1]
+        first_held = next(t for t, v in after if v == held)
+        assert all(v == held for t, v in after if t >= first_held)
+        # the halt closes the stream within one period of its arrival (+ DDS delivery on a loaded machine)
+        assert first_held - t_halt <= period + 60 * MS, (first_held - t_halt) / MS
+        t_release = pr.now_ns()
+        pr.halt(False)
+        assert pr.wait_for(lambda: pr.diagnostic("state") == "waiting_for_chunk", 5), pr.diagnostics
+        pr.publish_chunk(np.full((20, 1), 1.9), t_release - 20 * MS, DT_S, names, frame_index=5)  # observed before
+        assert pr.wait_for(lambda: pr.diagnostic("chunks.not_used.observed_before_release") == "1", 5)
+        time.sleep(0.2)
+        assert all(m.position[0] == held for m in pr.got_outputs() if ns(m.header.stamp) >= first_held)
+        t_new = pr.now_ns()
+        pr.publish_chunk(np.full((20, 1), 1.9), t_new, DT_S, names, frame_index=6)
+        assert pr.wait_for(lambda: any(m.position[0] > held + 0.1 for m in pr.got_outputs()), 5), proc.output()
+        resumed = [(ns(m.header.stamp), m.position[0]) for m in pr.got_outputs() if ns(m.header.stamp) > t_new]
+        steps = np.abs(np.diff([held] + [v for _, v in resumed]))
+        assert steps.max() <= 2.0 * 0.03, steps.max()  # rate-limited from the held (= measured) position
+
+
+def test_limits_hold_on_every_setpoint_and_the_first_is_rate_limited() -> None:
+    overrides = {"command_rate_hz": 100.0, "interpolation": "linear", "limits.a.max_acceleration": 2.0,
+                 "limits.b.max_acceleration": 4.0}
+    with executor(overrides) as (proc, pr):
+        names, measured = ["a", "b"], [0.2, -0.3]
+        pr.publish_urdf(URDF)
+        pr.stream_joints(names, measured)
+        assert pr.wait_for(lambda: pr.diagnostic("limits.robot") == "executor_test_robot", 10), pr.diagnostics
+        rows = np.array([[1.5, 3.0], [-1.5, -3.0]] * 6)  # far beyond what the limits allow
+        stamp = pr.now_ns()
+        pr.publish_chunk(rows, stamp, DT_S, names)
+        assert pr.wait_for(lambda: len([m for m in pr.got_outputs()]) >= 120, 10), proc.output()
+        outs = pr.got_outputs()
+        stamps = np.array([ns(m.header.stamp) for m in outs], dtype=np.int64)
+        t = (stamps - stamps[0]).astype(np.float64) / 1e9  # integer first: float seconds since 1970 lose the ns
+        p = np.array([list(m.position) for m in outs])
+        h0 = 0.01  # the first setpoint: one period from rest at the measured position
+        assert np.all(np.abs(p[0] - measured) <= np.array([2.0, 4.0]) * h0 * h0 + 1e-9), p[0]
+        assert np.all(np.diff(t) > 0)
+        v = np.diff(p, axis=0) / np.diff(t)[:, None]
+        acc = np.diff(v, axis=0) / np.diff(t)[1:, None]
+        v0 = (p[0] - measured) / h0
+        tol = 1e-6
+        assert (p[:, 0] >= -1.0 - tol).all() and (p[:, 0] <= 1.0 + tol).all()
+        assert np.abs(v[:, 0]).max() <= 0.5 * (1 + tol) and np.abs(v[:, 1]).max() <= 1.0 * (1 + tol)
+        assert np.abs(acc[:, 0]).max() <= 2.0 * (1 + tol) and np.abs(acc[:, 1]).max() <= 4.0 * (1 + tol)
+        assert np.all(np.abs((v[0] - v0) / (t[1] - t[0])) <= np.array([2.0, 4.0]) * (1 + tol))
+        assert pr.wait_for(lambda: int(pr.diagnostic("limits.a.limited_setpoints", "0")) > 0, 5), pr.diagnostics
+        bad = pr.publish_chunk(rows, pr.now_ns(), DT_S, names)  # bad input: counted, never a crash
+        bad.horizon = 5
+        pr.chunk_pub.publish(bad)
+        assert pr.wait_for(lambda: pr.diagnostic("chunks.malformed") == "1", 5), pr.diagnostics
+        assert proc.alive
+
+
+def test_invalid_parameters_stop_it_with_every_problem_named() -> None:
+    proc = NodeProcess(None, {"switch": "blend", "command_rate_hz": -1.0, "limits.a.max_acceleration": 0.0},
+                       domain_id=DOMAIN, module="oxygen_ros.executor").start()
+    try:
+        assert proc.proc.wait(60) == 2, proc.output()
+    finally:
+        proc.stop()
+    out = proc.output()
+    assert all(name in out for name in ("switch", "command_rate_hz", "limits.a.max_acceleration")), out
+
+
+@pytest.mark.parametrize("output, rate", [("float64_array", 500.0), ("joint_state", 100.0), ("trajectory", 100.0)])
+def test_each_output_carries_the_joint_order(output: str, rate: float) -> None:
+    overrides = {"command_rate_hz": rate, "interpolation": "hold", "joint_map": ["j_c:wrist"],
+                 "output_joints": ["wrist", "j_a", "j_b"]}
+    with executor(overrides, output=output) as (proc, pr):
+        pr.stream_joints(["j_a", "j_b", "wrist"], [1.0, 2.0, 3.0])  # the robot's names
+        pr.publish_chunk(np.tile([1.0, 2.0, 3.0], (10, 1)), pr.now_ns(), DT_S, ["j_a", "j_b", "j_c"])
+        assert pr.wait_for(lambda: len(pr.got_outputs()) >= 20, 10), proc.output()
+        m = pr.got_outputs()[-1]
+        if output == "float64_array":
+            assert list(m.data) == [3.0, 1.0, 2.0]
+        elif output == "joint_state":
+            assert list(m.name) == ["wrist", "j_a", "j_b"] and list(m.position) == [3.0, 1.0, 2.0]
+        else:
+            assert list(m.joint_names) == ["wrist", "j_a", "j_b"] and len(m.points) == 1
+            assert list(m.points[0].positions) == [3.0, 1.0, 2.0]
+            assert ns(m.points[0].time_from_start) == round(1e9 / rate)
+        e = pr.got_executed()[-1]
+        assert list(e.joint_names) == ["j_a", "j_b", "j_c"] and list(e.setpoint) == [1.0, 2.0, 3.0]
+        stamps = np.array([ns(e.header.stamp) for e in pr.got_executed()[-100:]])
+        # the command rate (the median tick; late ticks on a loaded machine shift it a little, never 5x)
+        assert np.median(np.diff(stamps)) == pytest.approx(1e9 / rate, rel=0.25)
