@@ -19,6 +19,8 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   srv  ~/enable             std_srvs/SetBool: publish chunks or not (start_enabled); see action_guard.py
   in   ~/halt               std_msgs/Bool: no chunk while true (transient-local and volatile subscriptions)
   in   robot_description    std_msgs/String, transient local: the URDF whose joint limits bound the actions
+  in   rtc.executor_topic   oxygen_ros/ExecutedPlan (rtc.remainder_source: executor): the chunk executor's plan,
+                            which real-time chunking guides the next chunk toward (executed_plan.py)
   act  ~/ask                oxygen_ros/action/Ask (ask.enabled): a question answered from the current observation,
                             decoded with the language streams (feedback every frame; the answer also on
                             ~/language_output, stream ask); see ask_server.py
