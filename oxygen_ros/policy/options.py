@@ -99,7 +99,9 @@ class RunnerParams:
         'else 10).', minimum=0)
     actions_per_chunk: int = param(0,
         "Actions of each chunk to publish for execution (LeRobot's n_action_steps); 0 = the checkpoint's "
-        'n_action_steps (openpi / ours: the whole chunk).', minimum=0)
+        'n_action_steps (openpi / ours: the whole chunk). Under rtc.enabled the node publishes the whole chunk '
+        '(the next chunk replaces the rest); this then only sets the action period where action_rate_hz is 0.',
+        minimum=0)
     max_new_tokens: int = param(30,
         'N: tokens generated per language request (the longest a stream may ask for: the KV pool is sized '
         'for it).', minimum=1)

@@ -194,8 +194,9 @@ class NodeParams:
     # --- real-time chunking (oxygen_ros/engine/rtc.py): each chunk continues the one the robot is executing
     rtc_enabled: bool = param(False,
         "Guide each chunk's denoise toward the remainder of the last published chunk (Black et al. 2025): the "
-        'actions that execute while it is computed are frozen to it, the next ones pulled toward it; the '
-        'published chunk starts at its first action not already committed.', ros_name='rtc.enabled')
+        'actions that execute while it is computed are frozen to it, the next ones pulled toward it; the whole '
+        'chunk is published (it lasts until the next one replaces it), from its first action not already '
+        'committed.', ros_name='rtc.enabled')
     rtc_guidance: str = param('identity',
         "identity (LeRobot's: the correction is the weighted error, no backward pass) | vjp (the paper's: a "
         'vector-Jacobian product through the action expert; several times the denoise cost).',
