@@ -308,3 +308,11 @@ def test_each_output_carries_the_joint_order(output: str, rate: float) -> None:
         stamps = np.array([ns(e.header.stamp) for e in pr.got_executed()[-100:]])
         # the command rate (the median tick; late ticks on a loaded machine shift it a little, never 5x)
         assert np.median(np.diff(stamps)) == pytest.approx(1e9 / rate, rel=0.25)
+
+
+def test_an_output_joint_the_chunk_lacks_withholds_the_output_and_says_so() -> None:
+    with executor({"command_rate_hz": 100.0, "output_joints": ["j_a", "elbow"]}, output="float64_array") as (proc, pr):
+        pr.stream_joints(["j_a"], [0.0])
+        pr.publish_chunk(np.ones((10, 1)), pr.now_ns(), DT_S, ["j_a"])
+        assert pr.wait_for(lambda: int(pr.diagnostic("output_withheld.output_joints", "0")) > 10, 10), pr.diagnostics
+        assert "elbow" in pr.diagnostic_message and pr.got_outputs() == []
