@@ -112,6 +112,37 @@ def test_setpoints_follow_the_timing_rule_and_executed_carries_the_plan() -> Non
         assert all(m.position[0] == h for m in pr.got_outputs() if ns(m.header.stamp) >= due(last))  # no extrapolation
 
 
+def test_use_sim_time_follows_clock() -> None:
+    """With use_sim_time the ticks, stamps and due times are simulated time (/clock from the probe, 2x real time,
+    starting at 1000 s): setpoints still follow the timing rule."""
+    from rosgraph_msgs.msg import Clock
+
+    from oxygen_ros.ros.stamps import time_msg
+
+    with executor({"command_rate_hz": 100.0, "interpolation": "hold", "use_sim_time": True}) as (proc, pr):
+        clock_pub = pr.node.create_publisher(Clock, "/clock", 10)
+        sim = {"ns": 1000 * 10**9}
+
+        def advance() -> None:
+            sim["ns"] += 10 * MS  # every 5 ms of wall time
+            clock_pub.publish(Clock(clock=time_msg(sim["ns"])))
+
+        pr.node.create_timer(0.005, advance)
+        names = ["a"]
+        pr.stream_joints(names, [0.0])
+        assert pr.wait_for(lambda: len(pr.got_executed()) > 5, 10), proc.output()
+        stamp = sim["ns"] + 100 * MS
+        rows = np.arange(1.0, 11.0)[:, None]
+        pr.publish_chunk(rows, stamp, DT_S, names)
+        assert pr.wait_for(lambda: any(e.step == 9 for e in pr.got_executed()), 10), proc.output()
+        outs = [m for m in pr.got_outputs() if m.position[0] > 0]
+        assert outs and all(abs(ns(m.header.stamp) - 1000 * 10**9) < 60 * 10**9 for m in outs)  # simulated time
+        for m in outs:
+            t = int(m.position[0]) - 1
+            tau = ns(m.header.stamp)
+            assert stamp + (t + 1) * DT <= tau + 10 * MS and (t == 9 or stamp + (t + 2) * DT > tau - 10 * MS)
+
+
 @pytest.mark.parametrize("mode, rate", [("linear", 100.0), ("cubic", 500.0)])
 def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rate: float) -> None:
     period = round(1e9 / rate)
@@ -277,3 +308,11 @@ def test_each_output_carries_the_joint_order(output: str, rate: float) -> None:
         stamps = np.array([ns(e.header.stamp) for e in pr.got_executed()[-100:]])
         # the command rate (the median tick; late ticks on a loaded machine shift it a little, never 5x)
         assert np.median(np.diff(stamps)) == pytest.approx(1e9 / rate, rel=0.25)
+
+
+def test_an_output_joint_the_chunk_lacks_withholds_the_output_and_says_so() -> None:
+    with executor({"command_rate_hz": 100.0, "output_joints": ["j_a", "elbow"]}, output="float64_array") as (proc, pr):
+        pr.stream_joints(["j_a"], [0.0])
+        pr.publish_chunk(np.ones((10, 1)), pr.now_ns(), DT_S, ["j_a"])
+        assert pr.wait_for(lambda: int(pr.diagnostic("output_withheld.output_joints", "0")) > 10, 10), pr.diagnostics
+        assert "elbow" in pr.diagnostic_message and pr.got_outputs() == []
