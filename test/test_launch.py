@@ -15,6 +15,7 @@ config's embedded model.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -288,9 +289,14 @@ def _profile_vars(actions: list[Any]) -> dict[str, str]:
 def test_dds_profile_is_applied_unless_the_environment_names_one(monkeypatch, tmp_path) -> None:
     profile = tmp_path / "profile.xml"
     profile.write_text("<profiles/>")
-    monkeypatch.delenv("ROS_DISTRO", raising=False)  # the PyPI wheels: Fast DDS 3 reads FASTDDS_...
+    monkeypatch.delenv("ROS_DISTRO", raising=False)  # the PyPI wheels: the name the installed Fast DDS reads
     applied = _profile_vars(_setup_actions(dds_profile=str(profile)))
-    assert applied == {PROFILE_ENV_VARS[0]: str(profile.resolve())}
+    try:  # Jazzy's wheels (.venv-jazzy) carry Fast DDS 2.x, which reads FASTRTPS_...; Kilted's Fast DDS 3 FASTDDS_...
+        importlib.metadata.version("ros-fastrtps")
+        wheel_var = PROFILE_ENV_VARS[1]
+    except importlib.metadata.PackageNotFoundError:
+        wheel_var = PROFILE_ENV_VARS[0]
+    assert applied == {wheel_var: str(profile.resolve())}
     monkeypatch.setenv("ROS_DISTRO", "jazzy")  # Fast DDS 2.x reads FASTRTPS_...
     assert _profile_vars(_setup_actions(dds_profile=str(profile))) == {PROFILE_ENV_VARS[1]: str(profile.resolve())}
     monkeypatch.delenv("ROS_DISTRO")
