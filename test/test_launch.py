@@ -54,7 +54,7 @@ from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
-from oxygen_ros.ros.dds import PROFILE_ENV_VARS  # noqa: E402
+from oxygen_ros.ros.dds import PROFILE_ENV_VARS, profile_env_var  # noqa: E402
 from oxygen_ros.testing import Probe, header_ns  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 150  # per test: bring-up, the test, shutdown (a healthy one takes 10-30 s here)
@@ -332,7 +332,8 @@ def test_default_bringup_serves_chunks_and_exits_cleanly(recorder: Recorder, ros
     environ = dict(entry.split("=", 1) for entry in Path(f"/proc/{recorder.pids['oxygen_node']}/environ")
                    .read_text().split("\0") if "=" in entry)
     profile = Path(get_package_share_directory("oxygen_ros")) / "config" / "fastdds.xml"
-    assert Path(environ.get(PROFILE_ENV_VARS[0], "")).resolve() == profile.resolve(), environ.get(PROFILE_ENV_VARS[0])
+    var = profile_env_var()  # the name this Fast DDS reads (2.x on Jazzy's wheels: FASTRTPS_...)
+    assert Path(environ.get(var, "")).resolve() == profile.resolve(), environ.get(var)
     probe = Probe(CAMERAS, SIM_JOINTS, node="/oxygen", domain_id=ros_environment, name="bringup_probe")
     try:
         assert probe.wait_for_subscribers(30)
