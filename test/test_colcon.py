@@ -62,12 +62,13 @@ def _link_filtered(src: Path, dst: Path) -> None:
 
 def make_underlay(venv: Path, out: Path) -> Path:
     """A ROS 2 "distro" prefix at ``out`` made of ``venv``'s ROS wheels without oxygen_ros, with a setup.bash."""
-    if (out / "setup.bash").is_file():
-        return out
+    python_dir = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    site = venv / "lib" / python_dir / "site-packages"
+    if (out / "setup.bash").is_file() and (out / "setup.bash").stat().st_mtime > site.stat().st_mtime:
+        return out  # made after the venv last changed
     shutil.rmtree(out, ignore_errors=True)
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(out)], check=True)
-    python_dir = f"python{sys.version_info.major}.{sys.version_info.minor}"
-    _link_filtered(venv / "lib" / python_dir / "site-packages", out / "lib" / python_dir / "site-packages")
+    _link_filtered(site, out / "lib" / python_dir / "site-packages")
     for entry in (venv / "lib").iterdir():
         if entry.name != python_dir and not _is_oxygen(entry.name):
             (out / "lib" / entry.name).symlink_to(entry)
