@@ -43,7 +43,7 @@ $(BIN)/python:
 # The share copies of launch/ and config/ that `pip install -e .` makes are replaced by symlinks to the repository's
 # directories (tools/build_msgs.sh), so the launch file that runs is the edited one; the links are removed first so
 # that pip never writes through them.
-$(STAMP): $(BIN)/python requirements.txt requirements-jazzy.txt requirements-nodeps.txt $(CONSTRAINTS) setup.py \
+$(STAMP): $(BIN)/python requirements.txt $(filter-out $(VENV)/%,$(REQUIREMENTS)) requirements-nodeps.txt $(CONSTRAINTS) setup.py \
 		setup.cfg Makefile CMakeLists.txt package.xml tools/build_msgs.sh tools/wheel_include_fix.cmake \
 		$(wildcard msg/*.msg action/*.action)
 	grep -v '^ros-' requirements.txt > $(VENV)/requirements-base.txt
