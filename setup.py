@@ -38,6 +38,7 @@ setup(
         "console_scripts": [
             "oxygen-node = oxygen_ros.ros.main:main",
             "oxygen-executor = oxygen_ros.executor.main:main",
+            "oxygen-doctor = oxygen_ros.ros.doctor:main",
             "oxygen-profile = oxygen_ros.tools.profile:main",
             "oxygen-make-checkpoint = oxygen_ros.tools.make_checkpoint:main",
             "oxygen-make-tokenizer = oxygen_ros.tools.make_tokenizer:main",

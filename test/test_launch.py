@@ -15,6 +15,7 @@ config's embedded model.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -53,7 +54,7 @@ from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.node import Node  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
-from oxygen_ros.ros.dds import PROFILE_ENV_VARS  # noqa: E402
+from oxygen_ros.ros.dds import PROFILE_ENV_VARS, profile_env_var  # noqa: E402
 from oxygen_ros.testing import Probe, header_ns  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 150  # per test: bring-up, the test, shutdown (a healthy one takes 10-30 s here)
@@ -288,9 +289,14 @@ def _profile_vars(actions: list[Any]) -> dict[str, str]:
 def test_dds_profile_is_applied_unless_the_environment_names_one(monkeypatch, tmp_path) -> None:
     profile = tmp_path / "profile.xml"
     profile.write_text("<profiles/>")
-    monkeypatch.delenv("ROS_DISTRO", raising=False)  # the PyPI wheels: Fast DDS 3 reads FASTDDS_...
+    monkeypatch.delenv("ROS_DISTRO", raising=False)  # the PyPI wheels: the name the installed Fast DDS reads
     applied = _profile_vars(_setup_actions(dds_profile=str(profile)))
-    assert applied == {PROFILE_ENV_VARS[0]: str(profile.resolve())}
+    try:  # Jazzy's wheels (.venv-jazzy) carry Fast DDS 2.x, which reads FASTRTPS_...; Kilted's Fast DDS 3 FASTDDS_...
+        importlib.metadata.version("ros-fastrtps")
+        wheel_var = PROFILE_ENV_VARS[1]
+    except importlib.metadata.PackageNotFoundError:
+        wheel_var = PROFILE_ENV_VARS[0]
+    assert applied == {wheel_var: str(profile.resolve())}
     monkeypatch.setenv("ROS_DISTRO", "jazzy")  # Fast DDS 2.x reads FASTRTPS_...
     assert _profile_vars(_setup_actions(dds_profile=str(profile))) == {PROFILE_ENV_VARS[1]: str(profile.resolve())}
     monkeypatch.delenv("ROS_DISTRO")
@@ -326,7 +332,8 @@ def test_default_bringup_serves_chunks_and_exits_cleanly(recorder: Recorder, ros
     environ = dict(entry.split("=", 1) for entry in Path(f"/proc/{recorder.pids['oxygen_node']}/environ")
                    .read_text().split("\0") if "=" in entry)
     profile = Path(get_package_share_directory("oxygen_ros")) / "config" / "fastdds.xml"
-    assert Path(environ.get(PROFILE_ENV_VARS[0], "")).resolve() == profile.resolve(), environ.get(PROFILE_ENV_VARS[0])
+    var = profile_env_var()  # the name this Fast DDS reads (2.x on Jazzy's wheels: FASTRTPS_...)
+    assert Path(environ.get(var, "")).resolve() == profile.resolve(), environ.get(var)
     probe = Probe(CAMERAS, SIM_JOINTS, node="/oxygen", domain_id=ros_environment, name="bringup_probe")
     try:
         assert probe.wait_for_subscribers(30)

@@ -15,7 +15,8 @@
 # unchanged, with tools/wheel_include_fix.cmake injected after its project() for the wheels' include-directory
 # pitfall, and installs its Python package into <site-packages>/<name>. For this repository, <VENV>/share/oxygen_ros/
 # launch and config end up as symlinks to the repository's launch/ and config/ (edited files are the ones that run).
-# Quiet unless it fails; idempotent; re-runs are incremental (build tree in build/msgs, build/<name> for SRC).
+# Quiet unless it fails; idempotent; re-runs are incremental (build tree in build/msgs, build/<name> for SRC;
+# under build/<venv name>/ for a venv other than .venv).
 # On a real ROS 2 robot use colcon instead.
 set -euo pipefail
 
@@ -24,14 +25,18 @@ venv="${1:-${VIRTUAL_ENV:-$repo/.venv}}"
 venv="$(cd "$venv" && pwd)"
 src="$(cd "${2:-$repo}" && pwd)"
 python="$venv/bin/python"
+# One build tree per venv (.venv: build/msgs, build/<name>; another venv, e.g. .venv-jazzy: build/.venv-jazzy/...),
+# so that building for Kilted and for Jazzy in turn stays incremental instead of starting over each time.
+builds="$repo/build"
+if [[ "$venv" != "$repo/.venv" ]]; then builds="$repo/build/$(basename "$venv")"; fi
 if [[ "$src" == "$repo" ]]; then
   name=oxygen_ros
-  build="$repo/build/msgs"
+  build="$builds/msgs"
   extra_args=(-DOXYGEN_ROS_INSTALL_PYTHON_SOURCES=OFF)
   smoke="from oxygen_ros.msg import ActionChunk, LanguageOutput; from oxygen_ros.action import Ask"
 else
   name="$(basename "$src")"
-  build="$repo/build/$name"
+  build="$builds/$name"
   extra_args=(-DCMAKE_PROJECT_INCLUDE="$repo/tools/wheel_include_fix.cmake")
   smoke="import $name"
   for kind in msg srv action; do

