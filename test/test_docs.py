@@ -55,11 +55,9 @@ def _anchors(page: Path) -> set[str]:
 
 def _links(page: Path) -> list[str]:
     """The relative link targets of ``page`` (not http(s), mailto or absolute paths)."""
-    targets = []
-    for line in _prose(page.read_text()):
-        line = re.sub(r"`[^`]*`", "``", line)  # code spans hold no links (``[x](y)`` there is text)
-        targets += [t for t in _LINK.findall(line) if not re.match(r"^([a-z]+:|/)", t)]
-    return targets
+    text = "\n".join(_prose(page.read_text()))  # a link's text may wrap onto the next line
+    text = re.sub(r"`[^`]*`", "``", text)  # code spans hold no links (``[x](y)`` there is text)
+    return [t for t in _LINK.findall(text) if not re.match(r"^([a-z]+:|/)", t)]
 
 
 def test_parameter_page_is_generated_from_the_parameters() -> None:
@@ -107,7 +105,8 @@ def test_the_checks_catch_what_they_should(tmp_path: Path) -> None:
     """The link and anchor checks fail on a broken link, and GitHub's slugs come out as GitHub writes them."""
     page = tmp_path / "a.md"
     page.write_text("# A `code` heading: with ~/ask and (parens)\n\n## Again\n## Again\n\n"
-                    "[ok](#a-code-heading-with-ask-and-parens) [bad](missing.md) [x](#again-1)\n"
+                    "[ok](#a-code-heading-with-ask-and-parens) [bad](missing.md) [x](#again-1) [a\n"
+                    "wrapped link](#again)\n"
                     "```\n# not a heading\n[not](a-link.md)\n```\n")
     assert _anchors(page) == {"a-code-heading-with-ask-and-parens", "again", "again-1"}
-    assert _links(page) == ["#a-code-heading-with-ask-and-parens", "missing.md", "#again-1"]
+    assert _links(page) == ["#a-code-heading-with-ask-and-parens", "missing.md", "#again-1", "#again"]
