@@ -1,6 +1,6 @@
 """The node's parameters, each declared once: a field of :class:`NodeParams` with its type, default, help and
-simple validation (``param(..., choices=, minimum=, positive=)``); :data:`PARAMS` (what the node declares, the
-README table) and :func:`validate` are derived from those fields. Cross-parameter rules live in :func:`validate`.
+simple validation (``param(..., choices=, minimum=, positive=)``); :data:`PARAMS` (what the node declares,
+docs/parameters.md) and :func:`validate` are derived from those fields. Cross-parameter rules live in :func:`validate`.
 
 Parameters are declared with ``dynamic_typing`` so a wrongly typed override (``control_rate_hz: 10`` instead of
 ``10.0``, a string for a number) never stops the node from starting; :func:`validate` checks every value at
@@ -224,7 +224,7 @@ class NodeParams:
     rtc_executor_max_age_s: float = param(0.25,
         'A newest executor plan older than this (node clock) is not fresh: the timing rule is used instead.',
         positive=True, ros_name='rtc.executor_max_age_s')
-    # --- safety (README "Safety"): the enable gate, output limits, faults
+    # --- safety (docs/safety.md): the enable gate, output limits, faults
     start_enabled: bool = param(True,
         'Publish action chunks from activation on; false: none until ~/enable (std_srvs/SetBool) is called with '
         'true (a dry run until then: frames, limit checks and language run). Real robots: false.')
@@ -497,12 +497,13 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
 
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:
-    """The parameter table for the README."""
+    """A Markdown table of ``specs`` (docs/parameters.md, written by ``oxygen_ros.ros.param_docs``)."""
     rows = ["| name | type | default | description |", "|---|---|---|---|"]
     for s in specs:
         default = repr(s.default) if isinstance(s.default, str) else str(s.default).lower() \
             if isinstance(s.default, bool) else str(list(s.default)) if isinstance(s.default, tuple) \
             else str(s.default)
-        description = s.description.replace("|", "\\|")  # a bare | would split the table cell
+        # a bare | would split the table cell; a bare <name> would be read as an HTML tag
+        description = s.description.replace("|", "\\|").replace("<", "&lt;")
         rows.append(f"| `{s.name}` | {s.type_name} | `{default}` | {description} |")
     return "\n".join(rows)
