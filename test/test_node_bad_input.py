@@ -91,7 +91,10 @@ def test_parameter_types_are_coerced_where_unambiguous() -> None:
         validate({**BASE, "joint_names": None})
 
 
-@pytest.mark.parametrize("preset", sorted((REPO / "config").glob("*.yaml")), ids=lambda p: p.stem)
+NODE_PRESETS = sorted(p for p in (REPO / "config").glob("*.yaml") if p.stem != "executor")
+
+
+@pytest.mark.parametrize("preset", NODE_PRESETS, ids=lambda p: p.stem)
 def test_config_presets_are_valid(preset: Path) -> None:
     params = yaml.safe_load(preset.read_text())["/**"]["ros__parameters"]
     if not params.get("model"):
@@ -100,6 +103,14 @@ def test_config_presets_are_valid(preset: Path) -> None:
     assert not p.extra, f"unknown parameters in {preset.name}: {p.extra}"
     if preset.stem == "humanoid":
         assert (len(p.camera_names), p.max_new_tokens, p.k, p.control_rate_hz) == (3, 30, 5, 3.0)
+
+
+def test_the_executor_config_is_valid_for_the_executor() -> None:
+    """config/executor.yaml is the chunk executor's (not a node preset): its own parameters validate it."""
+    from oxygen_ros.executor.params import validate as validate_executor
+
+    params = yaml.safe_load((REPO / "config" / "executor.yaml").read_text())["/**"]["ros__parameters"]
+    assert validate_executor(params).switch == "replace"
 
 
 def test_parameter_table_lists_every_parameter() -> None:
