@@ -160,8 +160,11 @@ print("node", Path(oxygen_ros.ros.node.__file__).absolute())
 print("msg", Path(sys.modules[ActionChunk.__module__].__file__).absolute())
 print("action", Path(sys.modules[Ask.__module__].__file__).absolute())
 print("fields", ",".join(ActionChunk.get_fields_and_field_types()), ",".join(Ask.Goal.get_fields_and_field_types()))
-for f in ("launch/oxygen.launch.py", "config/tabletop.yaml", "config/fastdds.xml", "package.xml"):
+for f in ("launch/oxygen.launch.py", "config/tabletop.yaml", "config/executor.yaml", "config/fastdds.xml",
+          "package.xml"):
     print("file", f, (share / f).is_file())
+lib = Path(get_package_prefix("oxygen_ros")) / "lib" / "oxygen_ros"
+print("programs", ",".join(sorted(p.name for p in lib.iterdir() if p.is_file() and p.stat().st_mode & 0o111)))
 print("path", ":".join(sys.path))
 """
 
@@ -180,7 +183,10 @@ def check_install_space(ws: Path, underlay: Path, tmp_path: Path) -> dict[str, l
     for key in ("prefix", "share", "package", "node", "msg", "action"):  # as imported (links not followed)
         assert Path(report[key][0]).is_relative_to(install), (key, report[key][0], out)
     assert report["file"] == [f"{f} True" for f in ("launch/oxygen.launch.py", "config/tabletop.yaml",
-                                                    "config/fastdds.xml", "package.xml")], out
+                                                    "config/executor.yaml", "config/fastdds.xml", "package.xml")], out
+    # `ros2 run oxygen_ros <program>`: every entry point of scripts/ installed executable
+    assert report["programs"][0].split(",") == sorted(p.name for p in (REPO / "scripts").iterdir()
+                                                      if p.is_file() and not p.name.endswith(".sh")), out
     assert report["fields"][0].split(" ")[0].split(",")[:2] == ["header", "frame_index"], out
     assert not [p for p in report["path"][0].split(":") if p and Path(p).resolve().is_relative_to(REPO.resolve())
                 and not Path(p).resolve().is_relative_to(CACHE.resolve())], report["path"]
