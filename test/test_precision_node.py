@@ -36,6 +36,7 @@ def test_the_node_reports_the_precision_the_checkpoint_chose() -> None:
         assert node.wait_for_output("configured in", 120), node.output()
         assert f"(precision {WANT})" in node.output(), node.output()
         assert "precision bfloat16_islands (openpi checkpoint" in node.output()  # the loader's note, with details
+        assert "graphs auto: " in node.output()  # the compiled steps it looked for (found, or the key that missed)
         probe = Probe(CAMERAS, JOINTS, domain_id=DOMAIN)
         assert probe.wait_for(lambda: probe.diagnostics().get("precision") == WANT, 20), probe.diagnostics()
     finally:

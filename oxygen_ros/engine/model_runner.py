@@ -50,6 +50,7 @@ class ModelRunner:
         self.model = model
         self.num_steps = config.num_steps
         self.prefill_layout = config.prefill_layout  # the fused prefill's (Pi05Model.compacts)
+        self.compiled_note = ""  # graphs auto on CPU: whether the compiled steps were there, else the key that missed
         self.heads = [model.head_parts()] + [h.parts() for h in (heads or [])]
         self.adapter = adapter  # for requests of ``adapter_tasks`` that name no adapter
         self.adapter_tasks = adapter_tasks if adapter_tasks is not None else {"memory"}
@@ -73,11 +74,15 @@ class ModelRunner:
             # earlier graphs: aot), else eager; never a build at configure
             compiled = FrameGraphs(model, self.cache, self.heads, self.num_steps, "aot", self.rtc,
                                    config.compile_cache_dir, config.compile_options)
-            if compiled.compiled_ready():
+            misses = compiled.compiled_misses()
+            where = compiled.cache_dir or "the default cache directory"
+            if not misses:
                 self.graphs = compiled
+                self.compiled_note = f"graphs auto: every step compiled in {where}; loading them"
             else:
-                log.info("graphs auto: no compiled steps for this model in %s; running eager (oxygen-compile builds "
-                         "them once)", compiled.cache_dir or "the default cache directory")
+                self.compiled_note = (f"graphs auto: no compiled steps for this model in {where}; running eager "
+                                      f"(oxygen-compile --params-file builds them once). {misses[0]}")
+            log.info(self.compiled_note)
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
         self._device = model.device

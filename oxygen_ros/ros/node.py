@@ -206,6 +206,9 @@ class OxygenNode(LifecycleNode):
             self.get_logger().info(note)
         self.params = p = loaded.params
         self._runner = build_runner(loaded)
+        note = getattr(getattr(self._runner.engine, "runner", None), "compiled_note", "")
+        if note:  # graphs auto on CPU: the compiled steps found, or the key looked for and the field that differed
+            self.get_logger().info(note)
         warm = warm_up(loaded)
         if warm > p.period_s:
             self.get_logger().warning(f"warm-up frame took {warm * 1e3:.0f} ms, longer than the control period "
