@@ -144,3 +144,38 @@ def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
             if exact:
                 assert err == 0, f"{name} s{s} {path}: {err:.3g} on the fixture's own host (bit-identical expected)"
             assert err <= tolerance, f"{name} s{s} {path}: {err:.3g} > {tolerance:.3g}"
+
+
+@pytest.mark.slow
+def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) -> None:
+    """The steps compiled ahead of time (``graphs: aot``, what the node loads after ``oxygen-compile``) give our
+    eager ``bfloat16_islands`` actions bit for bit on the LIBERO fixture (a 968-token prefix: Inductor's own mean,
+    softmax and layer-norm reductions would move them; ``engine/exact_ops.py`` keeps ATen's), hence openpi's bf16
+    actions exactly on the fixture's own host. About two minutes of AOTInductor."""
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
+    from oxygen_ros.engine.requests import Frame
+
+    name = "pi05_libero"
+    root = FIXTURES / name
+    torch.set_num_threads(1)
+    policy = load_policy(root / "checkpoint", SpecOptions(tokenizer_path=str(root / "tokenizer")),
+                         precision="bfloat16_islands")
+    engine = build_engine(policy.model, EngineConfig(graphs="aot", graph_stages="all", max_inflight=1,
+                                                     max_new_tokens=4, compile_cache_dir=str(tmp_path)))
+    assert engine.graphs_backend == "aot"
+    inputs, e16 = load_file(str(root / "inputs.safetensors")), load_file(str(root / "expected_bf16.safetensors"))
+    meta = json.loads((root / "inputs.json").read_text())
+    exact = made_here(root)
+    for s in range(meta["samples"]):
+        obs = {k.split("/", 1)[1]: v.numpy() for k, v in inputs.items() if k.startswith(f"s{s}/")}
+        images, state = ROBOTS[name](obs)
+        raw = RawObservation(images, state, meta["prompts"][s])
+        policy.model.use_fused(False)
+        eager = policy.infer(raw, obs["noise"])
+        policy.model.use_fused(True)
+        prepared = policy.prepare(raw)
+        res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
+        compiled = policy.postprocess(res.actions[0], prepared)
+        np.testing.assert_array_equal(compiled, eager, err_msg=f"{name} s{s}: aot != eager")
+        if exact:
+            np.testing.assert_array_equal(compiled, e16[f"s{s}/actions"].numpy())
