@@ -74,14 +74,14 @@ class ModelRunner:
             # earlier graphs: aot), else eager; never a build at configure
             compiled = FrameGraphs(model, self.cache, self.heads, self.num_steps, "aot", self.rtc,
                                    config.compile_cache_dir, config.compile_options)
-            misses = compiled.compiled_misses()
             where = compiled.cache_dir or "the default cache directory"
-            if not misses:
+            if compiled.compiled_ready():
                 self.graphs = compiled
                 self.compiled_note = f"graphs auto: every step compiled in {where}; loading them"
             else:
+                misses = compiled.compiled_misses()
                 self.compiled_note = (f"graphs auto: no compiled steps for this model in {where}; running eager "
-                                      f"(oxygen-compile --params-file builds them once). {misses[0]}")
+                                      f"(oxygen-compile --params-file builds them once). {misses[0] if misses else ''}")
             log.info(self.compiled_note)
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
