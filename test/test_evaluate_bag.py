@@ -99,6 +99,8 @@ def test_deterministic_report_plots_and_bag(data: dict[str, Path]) -> None:
 
     assert r2["config"]["params"] == r1["config"]["params"]
     assert (r1["config"]["rate_hz"], r1["config"]["num_steps"], r1["config"]["k"]) == (10.0, 2, 2)
+    # dtype auto, our own (generated) model on the CPU: float32, and the report says why
+    assert (r1["config"]["precision"], r1["config"]["precision_reason"]) == ("float32", "own checkpoint on cpu")
     for name in PLOT_FILES:
         assert (out1 / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert r1["outputs"]["plots"] == list(PLOT_FILES) and not r2["outputs"]["plots"]

@@ -75,13 +75,37 @@ def test_actions_equal_openpi_policy_infer(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ openpi's mixed bf16
+def this_host() -> dict:
+    """This machine as ``make_openpi_fixtures.py`` records the host of ``expected_bf16`` (CPU model, its bf16 / AMX
+    flags, torch and its CPU capability)."""
+    cpu, flags = "", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and not cpu:
+                cpu = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
+            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def made_here(root: Path) -> bool:
+    """Whether this host is the one that made ``root``'s ``expected_bf16`` (then ours must equal it bit for bit)."""
+    host = json.loads((root / "expected_bf16.json").read_text())["host"]
+    return all(host.get(k) == v for k, v in this_host().items())
+
+
 @pytest.mark.parametrize("name", sorted(ROBOTS))
 def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
     """``bfloat16_islands`` against openpi's own mixed-bf16 ``Policy.infer`` (``expected_bf16``: the same checkpoint,
-    inputs and noise), eager, fused and through the engine's static graphs. On the host that made the fixture they are
-    bit-identical; the tolerance is twice our measured bf16 noise floor (``noise_floor_bf16.json``: the largest move
-    of our actions when only the order of reductions changes, e.g. another CPU's GEMM kernels), and it is tight
-    enough to tell openpi's float32 result from its bf16 one."""
+    inputs and noise), eager, fused and through the engine's static graphs. On the host that made the fixture
+    (:func:`made_here`) they are bit-identical; elsewhere the tolerance is twice our measured bf16 noise floor
+    (``noise_floor_bf16.json``: the largest move of our actions when only the order of reductions changes, e.g.
+    another CPU's GEMM kernels), tight enough to tell openpi's float32 result from its bf16 one. Everywhere the fused
+    path keeps openpi's padded prefill layout by default and equals our eager reference bit for bit (the compacted
+    layout does not: it changes the bf16 reductions' lengths)."""
     from oxygen_ros.engine.engine import EngineConfig, build_engine
     from oxygen_ros.engine.requests import Frame
 
@@ -91,6 +115,8 @@ def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
                          precision="bfloat16_islands")
     model = policy.model
     assert model.rounded and model.input_dtype == torch.float32 and model.rope_freq_dtype == torch.bfloat16
+    assert not model.compacts() and model.compacts("compact")  # openpi's padded layout unless asked otherwise
+    exact = made_here(root)
     inputs = load_file(str(root / "inputs.safetensors"))
     e16, e32 = load_file(str(root / "expected_bf16.safetensors")), load_file(str(root / "expected.safetensors"))
     meta = json.loads((root / "inputs.json").read_text())
@@ -111,7 +137,45 @@ def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
         prepared = policy.prepare(raw)
         res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
         static = policy.postprocess(res.actions[0], prepared)
+        np.testing.assert_array_equal(fused, eager, err_msg=f"{name} s{s}: fused (padded) != eager")
         for path, actions in (("eager", eager), ("fused", fused), ("static graphs", static)):
             assert actions.shape == want.shape
             err = np.abs(actions - want).max()
+            if exact:
+                assert err == 0, f"{name} s{s} {path}: {err:.3g} on the fixture's own host (bit-identical expected)"
             assert err <= tolerance, f"{name} s{s} {path}: {err:.3g} > {tolerance:.3g}"
+
+
+@pytest.mark.slow
+def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) -> None:
+    """The steps compiled ahead of time (``graphs: aot``, what the node loads after ``oxygen-compile``) give our
+    eager ``bfloat16_islands`` actions bit for bit on the LIBERO fixture (a 968-token prefix: Inductor's own mean,
+    softmax and layer-norm reductions would move them; ``engine/exact_ops.py`` keeps ATen's), hence openpi's bf16
+    actions exactly on the fixture's own host. About two minutes of AOTInductor."""
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
+    from oxygen_ros.engine.requests import Frame
+
+    name = "pi05_libero"
+    root = FIXTURES / name
+    torch.set_num_threads(1)
+    policy = load_policy(root / "checkpoint", SpecOptions(tokenizer_path=str(root / "tokenizer")),
+                         precision="bfloat16_islands")
+    engine = build_engine(policy.model, EngineConfig(graphs="aot", graph_stages="all", max_inflight=1,
+                                                     max_new_tokens=4, compile_cache_dir=str(tmp_path)))
+    assert engine.graphs_backend == "aot"
+    inputs, e16 = load_file(str(root / "inputs.safetensors")), load_file(str(root / "expected_bf16.safetensors"))
+    meta = json.loads((root / "inputs.json").read_text())
+    exact = made_here(root)
+    for s in range(meta["samples"]):
+        obs = {k.split("/", 1)[1]: v.numpy() for k, v in inputs.items() if k.startswith(f"s{s}/")}
+        images, state = ROBOTS[name](obs)
+        raw = RawObservation(images, state, meta["prompts"][s])
+        policy.model.use_fused(False)
+        eager = policy.infer(raw, obs["noise"])
+        policy.model.use_fused(True)
+        prepared = policy.prepare(raw)
+        res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
+        compiled = policy.postprocess(res.actions[0], prepared)
+        np.testing.assert_array_equal(compiled, eager, err_msg=f"{name} s{s}: aot != eager")
+        if exact:
+            np.testing.assert_array_equal(compiled, e16[f"s{s}/actions"].numpy())

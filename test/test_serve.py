@@ -29,10 +29,12 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures" / "openpi"
 ROBOTS = ("pi05_libero", "pi05_droid", "pi05_aloha")
 
 
-def server_for(name: str, *flags: str) -> PolicyServer:
+def server_for(name: str, *flags: str, dtype: str = "float32") -> PolicyServer:
+    """A server on fixture ``name``, in ``dtype`` (float32: against openpi's float32 references, at 1e-4)."""
     root = FIXTURES / name
     return build_server(parse(["--checkpoint", str(root / "checkpoint"), "--tokenizer-path",
-                               str(root / "tokenizer"), "--host", "127.0.0.1", "--port", "0", *flags]))
+                               str(root / "tokenizer"), "--host", "127.0.0.1", "--port", "0", "--dtype", dtype,
+                               *flags]))
 
 
 def samples(name: str) -> list[tuple[dict, np.ndarray, np.ndarray]]:
@@ -111,6 +113,22 @@ def test_actions_equal_openpi_policy_infer(name: str) -> None:
         raw = server.pool.key_map.read(obs, server.pool.policy.spec)
         noise = seeded_noise(5)(3, server.pool.policy.spec.chunk_size, 32)
         np.testing.assert_allclose(got["actions"], server.pool.policy.infer(raw, noise), rtol=0, atol=1e-5)
+
+
+def test_by_default_an_openpi_checkpoint_runs_openpis_bf16() -> None:
+    """``--dtype auto`` (the default) follows the checkpoint: openpi's mixed bf16 (``bfloat16_islands``), whose
+    actions are openpi's bf16 ones within our bf16 noise floor (bit-identical on the fixtures' host)."""
+    name = "pi05_libero"
+    server = server_for(name, "--request-every-n-frames", "0", dtype="auto")
+    assert server.pool.policy.precision.precision == "bfloat16_islands"
+    e16 = load_file(str(FIXTURES / name / "expected_bf16.safetensors"))
+    floor = json.loads((FIXTURES / "noise_floor_bf16.json").read_text())["fixtures"][name]["noise_floor"]
+    with ServerThread(server) as port:
+        policy = client(port)
+        for s, (obs, noise, want32) in enumerate(samples(name)):
+            got = policy.infer({**obs, "noise": noise})["actions"]
+            err16, err32 = np.abs(got - e16[f"s{s}/actions"]).max(), np.abs(got - want32).max()
+            assert err16 <= 2 * floor and err16 < 0.5 * err32, (s, err16, err32)
 
 
 # ---------------------------------------------------------------------------------------------- errors

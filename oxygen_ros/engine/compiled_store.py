@@ -64,6 +64,45 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def _short(value: object, limit: int = 60) -> str:
+    text = "absent" if value is _ABSENT else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_ABSENT = object()
+
+
+def key_diff(want: dict, have: dict, prefix: str = "") -> list[str]:
+    """The fields in which ``have`` (an entry's key) differs from ``want``, as ``path: wanted vs found`` lines:
+    nested maps by dotted path (``config.max_token_len``), a step's ``inputs`` signature per input name."""
+    out: list[str] = []
+    for k in sorted(set(want) | set(have)):
+        a, b = want.get(k, _ABSENT), have.get(k, _ABSENT)
+        if a == b:
+            continue
+        path = f"{prefix}{k}"
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += key_diff(a, b, path + ".")
+        elif k == "inputs" and isinstance(a, list) and isinstance(b, list):
+            wa, hb = ({str(x[0]): x[1:] for x in v if isinstance(x, list) and x} for v in (a, b))
+            for name in [*wa, *(n for n in hb if n not in wa)]:
+                if wa.get(name, _ABSENT) != hb.get(name, _ABSENT):
+                    out.append(f"{path}[{name}]: {_short(wa.get(name, _ABSENT))} wanted, "
+                               f"{_short(hb.get(name, _ABSENT))} found")
+        else:
+            out.append(f"{path}: {_short(a)} wanted, {_short(b)} found")
+    return out
+
+
+def key_summary(key: dict) -> str:
+    """A key in one line without its long parts (the inputs' signature, the source hash): what a log names."""
+    brief = {k: v for k, v in key.items() if k not in ("inputs", "source", "config")}
+    cfg = key.get("config")
+    if isinstance(cfg, dict):
+        brief["config"] = cfg.get("name")
+    return f"{digest(key)[:20]} {json.dumps(brief, sort_keys=True)}"
+
+
 @dataclass
 class Entry:
     """What :meth:`CompiledStore.get` returns: the loaded object, how it came (``loaded`` / ``built``) and times."""
@@ -103,6 +142,32 @@ class CompiledStore:
             return "checksum mismatch (corrupt package)"
         return None
 
+    def nearest(self, name: str, key: dict) -> tuple[Path, list[str]] | None:
+        """The manifest of step ``name`` in the directory whose key differs from ``key`` in the fewest fields, and
+        those fields (:func:`key_diff`); None when there is no entry of that step."""
+        best: tuple[Path, list[str]] | None = None
+        for manifest in sorted(self.root.glob(f"{name}-*.json")) if self.root.is_dir() else []:
+            try:
+                meta = json.loads(manifest.read_text())
+            except (OSError, ValueError):
+                continue
+            if meta.get("name") != name or not isinstance(meta.get("key"), dict):
+                continue
+            diff = key_diff(key, meta["key"])
+            if best is None or len(diff) < len(best[1]):
+                best = (manifest, diff)
+        return best
+
+    def explain_miss(self, name: str, key: dict) -> str:
+        """Why the entry of ``name`` under ``key`` is not there, for the log: the key looked for and, when the
+        directory holds another entry of that step, the fields its key differs in."""
+        near = self.nearest(name, key)
+        looked = f"looked for {name} {key_summary(key)}"
+        if near is None:
+            return f"{looked}; {self.root} holds no {name} entry"
+        fields = near[1]
+        return f"{looked}; the nearest entry {near[0].name} differs in {len(fields)} field(s): " + "; ".join(fields[:8])
+
     def get(self, name: str, key: dict, build: Callable[[Path], None], load: Callable[[Path], object]) -> Entry:
         """Load the entry of ``name`` under ``key``, or build it (``build(path)`` writes a package at ``path``) and
         load that. A present entry that fails :meth:`check` or fails to load is rebuilt, with a warning."""
@@ -117,7 +182,8 @@ class CompiledStore:
         if reason != "missing":
             logger.warning("compiled step %s at %s: %s; rebuilding it", name, package, reason)
         else:
-            logger.info("compiled step %s: not in %s; building it (once)", name, self.root)
+            logger.info("compiled step %s: not in %s; building it (once) (%s)", name, self.root,
+                        self.explain_miss(name, key))
         self.root.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(suffix=".pt2", prefix=f".{name}-", dir=self.root)
         os.close(fd)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GemmaConfig
+from .exact_ops import mean_last
 from .fusion import FusedStack
 from .kv_cache import KVCache
 from .layers import GemmaStack, rope_cos_sin, rounded_attention, sinusoidal_time_embedding
@@ -85,15 +86,17 @@ def sdpa(g: GemmaConfig, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask
     return out.view(b, hkv, r, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, g.num_heads * d)
 
 
-def rms(x: torch.Tensor, eps: float) -> torch.Tensor:
+def rms(x: torch.Tensor, eps: float, exact: bool = False) -> torch.Tensor:
+    """x / rms(x) in float32; ``exact``: ATen's mean even inside a compiled step (``exact_ops.py``)."""
     xf = x.float()
-    return xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return xf * torch.rsqrt(mean_last(xf.pow(2), exact) + eps)
 
 
 def normed(x: torch.Tensor, norm: Norm, eps: float, rounded: bool = False) -> torch.Tensor:
-    """RMS-normed x scaled (and shifted); ``rounded``: the product rounded before the sum, as openpi's norm."""
+    """RMS-normed x scaled (and shifted); ``rounded``: the product rounded before the sum, as openpi's norm (and
+    ATen's mean of squares when compiled)."""
     scale, shift, _ = norm
-    y = rms(x, eps)
+    y = rms(x, eps, rounded)
     y = y * scale if shift is None else y * scale + shift if rounded else torch.addcmul(shift, y, scale)
     return y.to(x.dtype)
 

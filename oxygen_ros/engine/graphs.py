@@ -211,13 +211,25 @@ class FrameGraphs:
 
     def compiled_ready(self) -> bool:
         """aot: whether the cache directory holds every step, current and intact (nothing would be built)."""
+        return not self.compiled_misses()
+
+    def compiled_misses(self) -> list[str]:
+        """aot: why each step the cache directory cannot serve is not there (the key looked for, and the fields
+        in which the nearest entry of that step differs); empty when every step is there, current and intact."""
         from .aot_steps import step_key
         from .compiled_store import CompiledStore
 
         store = CompiledStore(self.cache_dir)
         base = {"config": self.model.config.to_dict(), "dtype": str(self.model.dtype)}
-        return all(store.check(run.name, step_key({**base, **run.spec}, run.weights, run.args, self.options)) is None
-                   for run in self.steps())
+        out = []
+        for run in self.steps():
+            key = step_key({**base, **run.spec}, run.weights, run.args, self.options)
+            reason = store.check(run.name, key)
+            if reason == "missing":
+                out.append(store.explain_miss(run.name, key))
+            elif reason is not None:
+                out.append(f"{run.name}: {reason}")
+        return out
 
     def _load_compiled(self) -> None:
         """aot: every step from the cache directory, each built there first when it is absent, stale or corrupt."""

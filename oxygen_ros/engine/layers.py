@@ -12,11 +12,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import GemmaConfig, VisionConfig
+from .exact_ops import layer_norm, mean_last, softmax_last
 from .fusion import FusedStack
 
 
 class RMSNorm(nn.Module):
     """Gemma RMSNorm: computed in fp32, weight stored as w and applied as (1 + w)."""
+
+    openpi_rounding: bool = False  # precision.py sets it: keep ATen's mean inside compiled steps (exact_ops.py)
 
     def __init__(self, width: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -25,12 +28,14 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor | None = None) -> tuple[torch.Tensor, None]:
         xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = xf * torch.rsqrt(mean_last(xf.pow(2), self.openpi_rounding) + self.eps)
         return (y * (1.0 + self.weight.float())).to(x.dtype), None
 
 
 class AdaRMSNorm(nn.Module):
     """pi0.5 adaptive RMSNorm: ``dense(cond)`` gives scale, shift and a residual gate (zero-initialised)."""
+
+    openpi_rounding: bool = False  # precision.py sets it: keep ATen's mean inside compiled steps (exact_ops.py)
 
     def __init__(self, width: int, cond_dim: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -41,7 +46,7 @@ class AdaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor, cond: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         xf = x.float()
-        y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        y = xf * torch.rsqrt(mean_last(xf.pow(2), self.openpi_rounding) + self.eps)
         scale, shift, gate = self.dense(cond).unsqueeze(1).chunk(3, dim=-1)
         y = y * (1.0 + scale.float()) + shift.float()
         return y.to(x.dtype), gate.to(x.dtype)
@@ -163,7 +168,7 @@ def rounded_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if mask is not None:
         scores = scores.masked_fill(~mask, torch.finfo(torch.float32).min) if mask.dtype == torch.bool \
             else scores + mask
-    return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
+    return torch.matmul(softmax_last(scores, True).to(q.dtype), v)  # ATen's softmax even when compiled
 
 
 def gqa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
@@ -215,6 +220,8 @@ class SiglipMLP(nn.Module):
 
 
 class SiglipLayer(nn.Module):
+    openpi_rounding: bool = False  # precision.py sets it: keep ATen's layer norm inside compiled steps
+
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.layer_norm1 = nn.LayerNorm(cfg.width, eps=cfg.layer_norm_eps)
@@ -223,8 +230,9 @@ class SiglipLayer(nn.Module):
         self.mlp = SiglipMLP(cfg)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.layer_norm1(x))
-        return x + self.mlp(self.layer_norm2(x))
+        exact = self.openpi_rounding
+        x = x + self.self_attn(layer_norm(self.layer_norm1, x, exact))
+        return x + self.mlp(layer_norm(self.layer_norm2, x, exact))
 
 
 class SiglipEmbeddings(nn.Module):
@@ -247,6 +255,8 @@ class SiglipEncoder(nn.Module):
 class SiglipVisionTransformer(nn.Module):
     """SigLIP So400m/14 without the pooling head (PaliGemma uses every patch token)."""
 
+    openpi_rounding: bool = False  # precision.py sets it: keep ATen's layer norm inside compiled steps
+
     def __init__(self, cfg: VisionConfig) -> None:
         super().__init__()
         self.embeddings = SiglipEmbeddings(cfg)
@@ -257,7 +267,7 @@ class SiglipVisionTransformer(nn.Module):
         x = self.embeddings(pixels).to(self.post_layernorm.weight.dtype)  # float32 embeddings: an island
         for layer in self.encoder.layers:
             x = layer(x)
-        return self.post_layernorm(x)
+        return layer_norm(self.post_layernorm, x, self.openpi_rounding)
 
 
 class SiglipVisionTower(nn.Module):

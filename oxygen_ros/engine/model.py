@@ -30,7 +30,7 @@ from .layers import (
     rope_cos_sin,
     sinusoidal_time_embedding,
 )
-from .observation import Observation
+from .observation import PREFILL_LAYOUTS, Observation
 from .parts import HeadParts, Prefix
 from .rtc import RTCGuide
 
@@ -90,6 +90,9 @@ class Pi05Model(nn.Module):
     # precision.py's ``bfloat16_islands`` sets it: in a low-precision dtype, round where openpi's bf16 model rounds
     # (attention scores and probabilities, bf16 RoPE frequencies, un-fused products before each sum)
     openpi_rounding: bool = False
+    # the fused prefill's layout (observation.PREFILL_LAYOUTS) when the caller names none: auto = padded where the
+    # model rounds as openpi (bit-identical to openpi's bf16), compact (masked work skipped) otherwise
+    prefill_layout: str = "auto"
 
     def use_fused(self, on: bool = True) -> Pi05Model:
         """Run the cached stages fused (True) or as the eager reference (False); returns the model."""
@@ -151,7 +154,8 @@ class Pi05Model(nn.Module):
             return images.new_zeros(b, 0, self.config.backbone.width, dtype=self.dtype)
         inner = self.paligemma_with_expert.paligemma.model
         feats = inner.multi_modal_projector(inner.vision_tower(images.flatten(0, 1).to(self.input_dtype)))
-        return feats.view(b, c * feats.shape[1], feats.shape[2])
+        # a float32 vision path (bfloat16_lerobot) enters the backbone rounded once, as LeRobot's PiGemmaModel does
+        return feats.view(b, c * feats.shape[1], feats.shape[2]).to(self.dtype)
 
     def embed_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         emb = self.backbone.embed_tokens(tokens)
@@ -210,18 +214,30 @@ class Pi05Model(nn.Module):
         g = self.config.backbone
         return rope_cos_sin(positions, g.head_dim, g.rope_theta, self.dtype, self.rope_freq_dtype)
 
+    def compacts(self, layout: str | None = None) -> bool:
+        """Whether the fused prefill drops masked cameras and padded prompt columns under ``layout`` (None: the
+        model's ``prefill_layout``): ``compact``, or ``auto`` in a precision without openpi's roundings."""
+        layout = layout or self.prefill_layout
+        if layout not in PREFILL_LAYOUTS:
+            raise ValueError(f"prefill_layout must be one of {PREFILL_LAYOUTS}, got {layout!r}")
+        if layout == "auto" and self.prefill_layout != "auto":
+            layout = self.prefill_layout
+        return layout == "compact" or (layout == "auto" and not self.rounded)
+
     # ------------------------------------------------------------------------------------------ cached stages
     @torch.no_grad()
-    def prefill(self, obs: Observation, cache: KVCache, rows: slice | None = None) -> Prefix:
+    def prefill(self, obs: Observation, cache: KVCache, rows: slice | None = None,
+                layout: str | None = None) -> Prefix:
         """Run the backbone over the prefix and write its K/V into ``cache`` slots ``rows`` (default 0..B).
 
-        The fast path (``fused``) skips what the observation masks out (:meth:`Observation.compacted`) and runs the
-        last layer's attention output and MLP only at each row's last valid token (the one hidden state a prefix
-        keeps); the eager reference computes every padded position, as openpi does. Both give the same K/V at the
-        valid positions and the same ``last_hidden``."""
+        The fast path (``fused``) runs the last layer's attention output and MLP only at each row's last valid
+        token (the one hidden state a prefix keeps), and with a compact ``layout`` (:meth:`compacts`) skips what the
+        observation masks out (:meth:`Observation.compacted`); the eager reference computes every padded position,
+        as openpi does. All give the same K/V at the valid positions and the same ``last_hidden`` up to the order of
+        summation (bit-identical in openpi's bf16 roundings only in the padded layout)."""
         b = obs.batch_size
         rows = rows if rows is not None else slice(0, b)
-        if self.fused:
+        if self.fused and self.compacts(layout):
             obs = obs.compacted()
         embs, valid = self.embed_prefix(obs)
         p = embs.shape[1]

@@ -49,6 +49,8 @@ class ModelRunner:
                  adapters: Mapping[str, LoraAdapter] | None = None) -> None:
         self.model = model
         self.num_steps = config.num_steps
+        self.prefill_layout = config.prefill_layout  # the fused prefill's (Pi05Model.compacts)
+        self.compiled_note = ""  # graphs auto on CPU: whether the compiled steps were there, else the key that missed
         self.heads = [model.head_parts()] + [h.parts() for h in (heads or [])]
         self.adapter = adapter  # for requests of ``adapter_tasks`` that name no adapter
         self.adapter_tasks = adapter_tasks if adapter_tasks is not None else {"memory"}
@@ -72,11 +74,15 @@ class ModelRunner:
             # earlier graphs: aot), else eager; never a build at configure
             compiled = FrameGraphs(model, self.cache, self.heads, self.num_steps, "aot", self.rtc,
                                    config.compile_cache_dir, config.compile_options)
+            where = compiled.cache_dir or "the default cache directory"
             if compiled.compiled_ready():
                 self.graphs = compiled
+                self.compiled_note = f"graphs auto: every step compiled in {where}; loading them"
             else:
-                log.info("graphs auto: no compiled steps for this model in %s; running eager (oxygen-compile builds "
-                         "them once)", compiled.cache_dir or "the default cache directory")
+                misses = compiled.compiled_misses()
+                self.compiled_note = (f"graphs auto: no compiled steps for this model in {where}; running eager "
+                                      f"(oxygen-compile --params-file builds them once). {misses[0] if misses else ''}")
+            log.info(self.compiled_note)
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
         self._device = model.device
@@ -121,11 +127,11 @@ class ModelRunner:
         noise = [torch.randn(1, h.horizon, h.action_in_proj.in_features, device=self.device) for h in self.heads]
         timings = []
         with torch.no_grad():
-            eager_prefix = model.prefill(obs, self.cache, slice(slot, slot + 1))
+            eager_prefix = model.prefill(obs, self.cache, slice(slot, slot + 1), self.prefill_layout)
             timings.append(StageTiming("prefill", eager_prefix.length, *time_pair(
-                lambda: model.prefill(obs, self.cache, slice(slot, slot + 1)),
+                lambda: model.prefill(obs, self.cache, slice(slot, slot + 1), self.prefill_layout),
                 lambda: self.graphs.prefill(obs, slot))))
-            eager_prefix = model.prefill(obs, self.cache, slice(slot, slot + 1))
+            eager_prefix = model.prefill(obs, self.cache, slice(slot, slot + 1), self.prefill_layout)
             timings.append(StageTiming("denoise", head.horizon, *time_pair(
                 lambda: [model.denoise(eager_prefix, self.cache, n, self.num_steps, h)
                          for h, n in zip(self.heads, noise, strict=True)],
@@ -138,7 +144,7 @@ class ModelRunner:
         """Prefill the observation into cache slot ``slot`` (static-shape, at the padded length, with graphs)."""
         if self.graphs is not None and self.graph_stages["prefill"] and self.graphs.covers_observation(obs):
             return self.graphs.prefill(obs, slot)
-        return self.model.prefill(obs, self.cache, slice(slot, slot + 1))
+        return self.model.prefill(obs, self.cache, slice(slot, slot + 1), self.prefill_layout)
 
     def guide(self, rtc: RTCPrefix | None) -> RTCGuide | None:
         """The first head's real-time-chunking guide for a frame's remainder (None: RTC off or no remainder)."""
@@ -173,7 +179,7 @@ class ModelRunner:
             size = max(b, 2 * cache.num_slots if cache is not None else b)
             self._batch_cache = cache = KVCache(self.model.config, size, self.cache.max_len, dtype=self.model.dtype,
                                                 device=self.device)
-        return self.model.prefill(obs, cache, slice(0, b))
+        return self.model.prefill(obs, cache, slice(0, b), layout=self.prefill_layout)
 
     def denoise_batch(self, prefix: Prefix, noises: list[torch.Tensor | list[torch.Tensor] | tuple | None]
                       ) -> list[list[torch.Tensor]]:

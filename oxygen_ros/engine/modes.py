@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .observation import PREFILL_LAYOUTS
 from .rtc import RTCConfig
 
 
@@ -80,6 +81,9 @@ class EngineConfig:
     # real-time chunking (rtc.py): how a frame that carries the previous chunk's remainder (Frame.rtc) guides its
     # first action head's denoise toward it; None or disabled: every chunk from plain noise
     rtc: RTCConfig | None = None
+    # the fused prefill's layout (observation.PREFILL_LAYOUTS): auto (padded in openpi's bf16 roundings, where it is
+    # bit-identical to openpi; compact otherwise) | padded | compact (masked cameras and prompt padding skipped)
+    prefill_layout: str = "auto"
 
     def validate(self) -> None:
         """Raise ``ValueError`` on an unknown mode or overflow policy or a non-positive size."""
@@ -95,6 +99,8 @@ class EngineConfig:
             raise ValueError(f"graphs must be one of {GRAPH_BACKENDS}, got {self.graphs!r}")
         if self.graph_stages not in ("auto", "all"):
             raise ValueError(f"graph_stages must be auto or all, got {self.graph_stages!r}")
+        if self.prefill_layout not in PREFILL_LAYOUTS:
+            raise ValueError(f"prefill_layout must be one of {PREFILL_LAYOUTS}, got {self.prefill_layout!r}")
         if self.kernels not in KERNEL_SETTINGS:
             raise ValueError(f"kernels must be one of {KERNEL_SETTINGS}, got {self.kernels!r}")
 

@@ -6,6 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
+# How the fused prefill lays out the prefix (EngineConfig.prefill_layout, Pi05Model.prefill_layout):
+# padded: every camera slot and the prompt as given (openpi's layout: 3 slots, the prompt padded to 200);
+# compact: without the cameras masked and the prompt columns padded in every row (Observation.compacted);
+# auto: padded where the precision reproduces openpi's bf16 roundings (there the padding sets the attention's
+# reduction lengths, so dropping it moves the result), compact otherwise (exact in float32 up to summation order).
+PREFILL_LAYOUTS = ("auto", "padded", "compact")
+
 
 @dataclass
 class Observation:

@@ -16,6 +16,20 @@ by op:
   around a float32 softmax (HF's eager attention, not SDPA); RoPE frequencies rounded to bfloat16 (HF's
   ``inv_freq`` buffer is cast with the model); every product rounded before its sum (no fused multiply-adds).
 
+``bfloat16_lerobot``: LeRobot 0.6.1's ``PI05Policy`` with ``config.json`` ``dtype: bfloat16``
+(``PaliGemmaWithExpertModel.to_bfloat16_for_selected_params``), which differs from openpi's islands:
+
+- float32 holding the checkpoint's **exact** values (LeRobot casts in the constructor and loads the weights after
+  it, so ``load_state_dict`` copies them unrounded into the float32 parameters): the whole vision path (SigLIP and
+  the projector, ``params_to_keep_float32`` = vision_tower, multi_modal_projector), every Gemma RMSNorm and the
+  adaRMS ``dense`` layers (input_layernorm, post_attention_layernorm, model.norm), and the action and time
+  projections (they live outside ``PaliGemmaWithExpertModel``, which is the only part cast);
+- bfloat16: the token embedding / LM head and the Gemma projections and MLPs of both experts, their hidden states
+  and the KV cache; the image features enter the backbone rounded to bfloat16 once (``PiGemmaModel`` casts its
+  float32 inputs);
+- computed with openpi's roundings otherwise (HF's eager attention, norms in float32 rounded to bfloat16, bf16
+  RoPE frequencies: ``model.to(bfloat16)`` cast the ``inv_freq`` buffer, which ``load_state_dict`` never reloads).
+
 ``bfloat16`` (plain) keeps SDPA, exact RoPE frequencies and fused multiply-adds: faster, not openpi's numerics.
 """
 
@@ -27,7 +41,9 @@ from torch import nn
 from .layers import AdaRMSNorm, RMSNorm, SiglipEmbeddings
 
 PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-                                      "float16": torch.float16, "bfloat16_islands": torch.bfloat16}
+                                      "float16": torch.float16, "bfloat16_islands": torch.bfloat16,
+                                      "bfloat16_lerobot": torch.bfloat16}
+ROUNDED = ("bfloat16_islands", "bfloat16_lerobot")  # the precisions computed with openpi's roundings
 ISLAND_NAMES = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
 
 
@@ -43,20 +59,38 @@ def float32_islands(model: nn.Module) -> list[nn.Module]:
     return out + exact_islands(model)
 
 
+def lerobot_float32_modules(model: nn.Module) -> list[nn.Module]:
+    """The modules ``bfloat16_lerobot`` keeps in float32 with exact values: the vision tower and projector, every
+    RMSNorm / adaRMS norm (its ``dense`` layer included) and :func:`exact_islands`."""
+    vision = [m for name, m in model.named_modules()
+              if name.rsplit(".", 1)[-1] in ("vision_tower", "multi_modal_projector")]
+    norms = [m for m in model.modules() if isinstance(m, RMSNorm | AdaRMSNorm)]
+    return vision + norms + exact_islands(model)
+
+
+def float32_modules(model: nn.Module, precision: str) -> list[nn.Module]:
+    """The modules ``precision`` keeps in float32 (none for the plain dtypes)."""
+    if precision == "bfloat16_islands":
+        return float32_islands(model)
+    if precision == "bfloat16_lerobot":
+        return lerobot_float32_modules(model)
+    return []
+
+
 def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     """Cast ``model`` (and keep its float32 islands) per ``precision``, in place; returns it."""
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {tuple(PRECISIONS)}, got {precision!r}")
-    islands = precision == "bfloat16_islands"
-    exact = [(p, p.detach().clone()) for m in exact_islands(model) for p in m.parameters()] if islands else []
+    keep = float32_modules(model, precision)
+    exact_modules = exact_islands(model) if precision == "bfloat16_islands" else keep
+    exact = [(p, p.detach().clone()) for m in exact_modules for p in m.parameters()] if keep else []
     model.to(PRECISIONS[precision])
-    if islands:
-        for m in float32_islands(model):
-            m.float()  # the norms and embeddings: bfloat16-rounded values in float32, as openpi leaves them
-        with torch.no_grad():
-            for p, value in exact:
-                p.copy_(value)
+    for m in keep:
+        m.float()  # islands: the norms and embeddings hold bfloat16-rounded values in float32, as openpi leaves them
+    with torch.no_grad():
+        for p, value in exact:
+            p.copy_(value)
     for m in model.modules():
         if hasattr(type(m), "openpi_rounding"):
-            m.openpi_rounding = islands
+            m.openpi_rounding = precision in ROUNDED
     return model

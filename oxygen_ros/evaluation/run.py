@@ -239,7 +239,8 @@ def _config(loaded: LoadedPolicy, dt_s: float, max_frames: int | None, joint_sta
     """The report's ``config``: the values the run used (names as before the node parameters were adopted) and
     ``params``, every node parameter."""
     p, spec = loaded.params, loaded.policy.spec
-    dev, dtype = resolve_device(p.device, p.dtype)
+    dev, _ = resolve_device(p.device, p.dtype)
+    precision = loaded.policy.precision
     return {"mode": p.mode, "rate_hz": p.control_rate_hz, "num_steps": p.num_steps,
             "max_new_tokens": p.max_new_tokens, "k": "auto" if p.k_auto else p.k,
             "request_every": p.request_every_n_frames, "task": p.request_task, "request_prompt": p.request_prompt,
@@ -251,7 +252,9 @@ def _config(loaded: LoadedPolicy, dt_s: float, max_frames: int | None, joint_sta
             "instruction_topic": instruction_topic, "norm_stats": p.norm_stats_path or None,
             "normalization": spec.action_norm.mode if spec.action_norm else "none", "framework": spec.framework,
             "seed": p.seed, "max_image_age_s": p.max_image_age_s, "action_rate_hz": 1.0 / dt_s,
-            "max_frames": max_frames, "device": str(dev), "dtype": str(dtype).removeprefix("torch."),
+            "max_frames": max_frames, "device": str(dev),
+            "dtype": str(loaded.policy.model.dtype).removeprefix("torch."), "precision": precision.precision,
+            "precision_reason": precision.reason,
             "torch_threads": torch.get_num_threads(),
             "params": {f.name: list(v) if isinstance(v := getattr(p, f.name), tuple) else v
                        for f in dataclasses.fields(p) if f.name not in ("extra", "streams")},

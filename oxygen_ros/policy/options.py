@@ -15,6 +15,7 @@ from typing import Any
 
 from oxygen_ros.engine.kernel_choice import KERNEL_CHOICES
 from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
+from oxygen_ros.engine.observation import PREFILL_LAYOUTS
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 
 from .runner import TRIGGERS
@@ -22,7 +23,7 @@ from .runner import TRIGGERS
 __all__ = ["DTYPES", "NORMALIZATIONS", "REQUEST_TASKS", "RunnerParams", "StreamParams", "param", "shared"]
 
 NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
-DTYPES = ("auto", "float32", "bfloat16", "bfloat16_islands", "float16")
+DTYPES = ("auto", "float32", "bfloat16", "bfloat16_islands", "bfloat16_lerobot", "float16")
 REQUEST_TASKS = (*LANGUAGE_TEMPLATES, CUSTOM_TASK)
 
 
@@ -86,9 +87,11 @@ class RunnerParams:
         '(override, openpi / ours only).', choices=NORMALIZATIONS)
     device: str = param('auto', 'auto (cuda if available) | cpu | cuda | cuda:N | mps.')
     dtype: str = param('auto',
-        "auto (bfloat16_islands on cuda, float32 otherwise) | float32 | bfloat16 | bfloat16_islands (openpi's "
-        'mixed precision: bf16 weights and KV, norms / adaRMS dense / SigLIP embeddings / action and time '
-        'projections in fp32) | float16.', choices=DTYPES)
+        "auto (the checkpoint's framework decides: openpi -> bfloat16_islands on every device; LeRobot -> its "
+        "config.json dtype; ours -> bfloat16_islands on cuda, float32 otherwise) | float32 | bfloat16 | "
+        "bfloat16_islands (openpi's mixed precision: bf16 weights and KV, norms / adaRMS dense / SigLIP embeddings / "
+        "action and time projections in fp32) | bfloat16_lerobot (LeRobot's: SigLIP, projector, norms, adaRMS "
+        "dense, action and time projections in fp32) | float16.", choices=DTYPES)
     torch_threads: int = param(0, "torch CPU threads; 0 keeps torch's default.", minimum=0)
     seed: int = param(0, 'torch seed for the flow-matching noise (reproducible runs).', minimum=0)
     mode: str = param('oxygen',
@@ -143,6 +146,11 @@ class RunnerParams:
         "CPU float32 matrix products per stage (prefill, decode, denoise): auto (oneDNN's packed weights where a "
         "measurement on this host at configure says they are faster, else MKL's GEMM; stored in "
         "compile_cache_dir) | plain (MKL everywhere) | packed (oneDNN everywhere).", choices=KERNEL_CHOICES)
+    prefill_layout: str = param('auto',
+        "The fused prefill's layout: auto (padded under bfloat16_islands / bfloat16_lerobot, where it gives "
+        "openpi's numbers bit for bit; compact otherwise) | padded (every camera slot and the padded prompt, as "
+        "openpi) | compact (masked cameras and prompt padding skipped: faster, moves bf16 results by rounding).",
+        choices=PREFILL_LAYOUTS)
     ask_max_new_tokens: int = param(0,
         'Tokens of an answer whose goal asks for 0; 0 = max_new_tokens. A goal asking for more than '
         'max_new_tokens is aborted.', minimum=0, ros_name='ask.max_new_tokens')

@@ -28,6 +28,7 @@ from oxygen_ros.engine.rtc import RTCConfig, RTCGuide, RTCPrefix
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 
 from .adapters import decode_actions, decode_state, encode_actions
+from .device import PrecisionChoice, choose_precision
 from .errors import PolicyConfigError
 from .formats import SpecOptions, detect_layout
 from .formats.common import read_json
@@ -78,8 +79,11 @@ class PreparedObservation:
 class Policy:
     """A pi0.5 model, its tokenizer and its checkpoint's :class:`PolicySpec`."""
 
-    def __init__(self, spec: PolicySpec, model: Pi05Model, tokenizer: PromptTokenizer) -> None:
+    def __init__(self, spec: PolicySpec, model: Pi05Model, tokenizer: PromptTokenizer,
+                 precision: PrecisionChoice | None = None) -> None:
         self.spec, self.model, self.tokenizer = spec, model, tokenizer
+        # the precision the model was cast to, and why (``dtype: auto`` follows the checkpoint)
+        self.precision = precision or PrecisionChoice(_dtype_name(model.dtype), "as built")
         # An instruction too long for the prompt is cut so that the state stays (upstream cuts the prompt's end,
         # the state and "Action:"); prompts that fit are tokenised exactly as upstream either way.
         self.keep_state_in_prompt = True
@@ -240,12 +244,17 @@ def _sizes_sidecar(directory: Path) -> dict | None:
     return None
 
 
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def load_policy(checkpoint: str | Path, options: SpecOptions | None = None, *, dtype: torch.dtype = torch.float32,
                 device: torch.device | str = "cpu", generated: bool = False, precision: str | None = None) -> Policy:
     """Read a checkpoint directory of any supported layout into a :class:`Policy`.
 
-    ``precision`` (a key of ``oxygen_ros.engine.precision.PRECISIONS``, e.g. ``bfloat16_islands``) casts the model
-    by that policy instead of wholly to ``dtype``.
+    ``precision`` (a key of ``oxygen_ros.engine.precision.PRECISIONS``, e.g. ``bfloat16_islands``, or ``auto``:
+    the checkpoint's framework decides, :func:`oxygen_ros.policy.device.choose_precision`) casts the model by that
+    policy instead of wholly to ``dtype``; ``Policy.precision`` says which and why.
 
     Raises:
         PolicyConfigError: an unusable file or option, naming the file and field (weights included).
@@ -281,8 +290,16 @@ def load_policy(checkpoint: str | Path, options: SpecOptions | None = None, *, d
     if tokenizer.vocab_size > config.vocab_size:
         raise PolicyConfigError(f"tokenizer {spec.tokenizer}: {tokenizer.vocab_size} pieces but the model has "
                                 f"only {config.vocab_size} embeddings")
-    model = model.to(device=device, dtype=dtype) if precision is None else apply_precision(model.to(device), precision)
-    return Policy(spec, model.eval(), tokenizer)
+    if precision is None:
+        model = model.to(device=device, dtype=dtype)
+        choice = PrecisionChoice(_dtype_name(dtype), "dtype argument")
+    else:
+        try:
+            choice = choose_precision(torch.device(device), precision, spec.framework, spec.checkpoint_dtype)
+        except ValueError as e:
+            raise PolicyConfigError(str(e)) from e
+        model = apply_precision(model.to(device), choice.precision)
+    return Policy(spec, model.eval(), tokenizer, choice)
 
 
 def with_action_dims(policy: Policy, dims: int) -> Policy:

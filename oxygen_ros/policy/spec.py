@@ -76,6 +76,9 @@ class PolicySpec:
         rtc: the checkpoint's real-time-chunking settings (LeRobot's ``rtc_config``; None: it has none).
         notes: what was read from where, for the log.
         openpi_config: openpi checkpoints: the train config whose data transforms apply (pi05_libero, ...).
+        checkpoint_dtype: the precision the checkpoint's config asks its framework for (LeRobot's ``config.json``
+            ``dtype``: float32 | bfloat16; '' where the framework decides alone). ``dtype: auto`` follows it
+            (``oxygen_ros.policy.device.choose_precision``).
     """
 
     framework: str
@@ -102,6 +105,7 @@ class PolicySpec:
     rtc: RTCConfig | None = None
     notes: tuple[str, ...] = ()
     openpi_config: str = ""
+    checkpoint_dtype: str = ""
 
     def summary(self) -> str:
         """One line for the log."""

@@ -29,8 +29,14 @@ from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
 
 from .params import NodeParams
 
-__all__ = ["LoadedPolicy", "action_period_s", "build_runner", "engine_config", "instruction_char_cap",
-           "load_node_policy", "resolve_device", "rtc_config", "warm_up"]
+PRECISION_DETAILS = {
+    "bfloat16_islands": ": bf16 weights and KV cache; norms, adaRMS dense, SigLIP embeddings, action and time "
+                        "projections in float32 (openpi's)",
+    "bfloat16_lerobot": ": bf16 Gemma weights and KV cache; SigLIP, projector, norms, adaRMS dense, action and time "
+                        "projections in float32 (LeRobot's)"}
+
+__all__ = ["PRECISION_DETAILS", "LoadedPolicy", "action_period_s", "build_runner", "engine_config",
+           "instruction_char_cap", "load_node_policy", "resolve_device", "resolve_precision", "rtc_config", "warm_up"]
 
 
 
@@ -97,7 +103,7 @@ def load_node_policy(p: NodeParams) -> LoadedPolicy:
     try:
         options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
         policy = load_policy(ckpt, options, dtype=dtype, device=device, generated=temp_dir is not None,
-                             precision=resolve_precision(device, p.dtype))
+                             precision=p.dtype)
         spec = policy.spec
         if spec.action_norm is None and spec.framework == "oxygen" and p.action_names:
             policy = with_action_dims(policy, len(p.action_names))  # unnormalised: the robot says its dims
@@ -107,10 +113,7 @@ def load_node_policy(p: NodeParams) -> LoadedPolicy:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    precision = resolve_precision(device, p.dtype)
-    if precision == "bfloat16_islands":
-        notes.append("precision bfloat16_islands: bf16 weights and KV cache, norms, adaRMS dense, SigLIP embeddings, "
-                     "action and time projections in float32 (openpi's)")
+    notes.append(f"precision {policy.precision.describe()}{PRECISION_DETAILS.get(policy.precision.precision, '')}")
     return LoadedPolicy(policy, p, names, source, [spec.summary(), *spec.notes, *notes], temp_dir)
 
 
@@ -172,7 +175,8 @@ def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None,
                         deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
                         max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
                         speculate=p.speculate, graphs=p.graphs, rtc=rtc,
-                        compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels)
+                        compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels,
+                        prefill_layout=p.prefill_layout)
 
 
 def rtc_config(p: NodeParams, policy: Policy) -> RTCConfig | None:

@@ -190,7 +190,8 @@ class OxygenNode(LifecycleNode):
         p, model = self.params, self._loaded.policy.model
         self.get_logger().info(
             f"configured in {time.perf_counter() - t0:.1f} s: {self._loaded.source} on {model.device} "
-            f"({model.dtype}), mode={p.mode} S={p.num_steps} H={self._loaded.policy.spec.chunk_size} "
+            f"(precision {self._loaded.policy.precision.describe()}), mode={p.mode} S={p.num_steps} "
+            f"H={self._loaded.policy.spec.chunk_size} "
             f"(execute {self._runner.n_execute}) N={p.max_new_tokens} k={'auto' if p.k_auto else p.k}, graphs "
             f"{self._runner.engine.graph_stages}, kernels: {self._runner.engine.kernels}, cameras "
             + ", ".join(f"{c}<-{p.camera_topic(i)}" for i, c in enumerate(p.camera_names)))
@@ -214,6 +215,9 @@ class OxygenNode(LifecycleNode):
             self.get_logger().info(note)
         self.params = p = loaded.params
         self._runner = build_runner(loaded)
+        note = getattr(getattr(self._runner.engine, "runner", None), "compiled_note", "")
+        if note:  # graphs auto on CPU: the compiled steps found, or the key looked for and the field that differed
+            self.get_logger().info(note)
         warm = warm_up(loaded)
         if warm > p.period_s:
             self.get_logger().warning(f"warm-up frame took {warm * 1e3:.0f} ms, longer than the control period "
@@ -589,6 +593,8 @@ class OxygenNode(LifecycleNode):
         p = self.params
         extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
         if p is not None and runner is not None:
+            if loaded is not None:
+                extra["precision"] = loaded.policy.precision.describe()  # which precision runs, and why
             extra["graphs"] = runner.engine.graphs_backend  # what runs (auto resolved)
             extra["graph_stages"] = runner.engine.graph_stages  # which action stages run their graph step
             extra["kernels"] = runner.engine.kernels  # which CPU kernels each stage runs on, and how decided

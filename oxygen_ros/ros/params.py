@@ -131,6 +131,7 @@ class NodeParams:
     graphs: str = shared('graphs')
     compile_cache_dir: str = shared('compile_cache_dir')
     kernels: str = shared('kernels')
+    prefill_layout: str = shared('prefill_layout')
     # --- inputs
     camera_names: tuple[str, ...] = param((),
         'Model camera slots fed by camera_topics (e.g. base_0_rgb, left_wrist_0_rgb; LeRobot: the part after '

@@ -26,7 +26,7 @@ from oxygen_ros.engine.modes import NODE_MODES
 from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.policy import SpecOptions, load_policy
-from oxygen_ros.policy.device import resolve_device, resolve_precision
+from oxygen_ros.policy.device import resolve_device
 from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
 from oxygen_ros.policy.runner import LanguageSchedule
 
@@ -172,15 +172,16 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
         torch.set_num_threads(p.torch_threads)
     device, dtype = resolve_device(p.device, p.dtype)
     options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
-    policy = load_policy(p.checkpoint_path, options, dtype=dtype, device=device,
-                         precision=resolve_precision(device, p.dtype))
+    policy = load_policy(p.checkpoint_path, options, dtype=dtype, device=device, precision=p.dtype)
     log.info(policy.spec.summary())
+    log.info(f"precision {policy.precision.describe()}")
     tok = policy.tokenizer
     engine_config = EngineConfig(mode=p.mode, num_steps=p.num_steps or policy.model.config.num_steps, k=p.k,
                                  max_inflight=p.max_inflight, overflow=p.overflow, max_new_tokens=p.max_new_tokens,
                                  max_prompt_tokens=max(p.max_prompt_tokens, p.ask_max_prompt_tokens),
                                  eos_id=tok.eos_id, speculate=p.speculate, graphs=p.graphs,
-                                 compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels)
+                                 compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels,
+                                 prefill_layout=p.prefill_layout)
     engine_config.validate()
     streams = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority)

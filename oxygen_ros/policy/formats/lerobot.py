@@ -227,6 +227,9 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
                                 f"{tok_cfg.get('tokenizer_name')!r} is not available locally; set tokenizer_path to "
                                 "PaliGemma's SentencePiece tokenizer.model")
     rename = pre.get("rename_observations_processor", {}).get("config", {}).get("rename_map", {}) or {}
+    dtype = cfg.get("dtype", "float32")
+    if dtype not in ("float32", "bfloat16"):  # PI05Config.__post_init__ accepts only these
+        raise PolicyConfigError(f"{cfg_path}: field 'dtype' is {dtype!r}; LeRobot pi05 runs float32 or bfloat16")
     spec = PolicySpec(
         framework="lerobot", checkpoint=directory, camera_slots=tuple(slots), missing_camera="append",
         image_resize="torch_bilinear", image_size=model_image_size, state_dim=state_dim, action_dims=action_dims,
@@ -235,6 +238,7 @@ def read_lerobot(directory: Path, options: SpecOptions, model_image_size: int) -
         max_token_len=int(tok_cfg.get("max_length", cfg.get("tokenizer_max_length", 200))), time_schedule="exact",
         default_cameras=tuple(k.removeprefix(IMAGE_PREFIX) for k in cameras),
         rename_map={str(k): str(v) for k, v in rename.items()}, rtc=_rtc_config(cfg.get("rtc_config"), cfg_path),
+        checkpoint_dtype=dtype,
         notes=(f"{cfg_path}: {len(cameras)} cameras + {empty} empty, chunk {chunk} / execute {n_exec}", tok_note))
     overrides = {"camera_names": tuple(slots), "action_horizon": chunk, "max_token_len": spec.max_token_len,
                  "num_steps": int(cfg.get("num_inference_steps", 10)), "time_schedule": "exact"}
