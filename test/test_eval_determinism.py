@@ -6,6 +6,7 @@ slowdown is real); the measured latency is reported beside the deterministic out
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -141,3 +142,26 @@ def test_on_the_wall_clock_the_same_slowdown_reaches_the_rtc_delay(bag: Path, tm
     assert all(f["rtc_delay"] < floor for f in bag_clock["per_frame"]), "the bag clock's delay ignores the sleep"
     assert wall["config"]["timing"]["replaced"] == {} and not wall["config"]["timing"]["deterministic"]
     assert wall["digest"]["actions_sha256"] != bag_clock["digest"]["actions_sha256"]
+
+
+def test_timing_options_on_the_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``--timing bag|wall`` and ``--latency`` reach the run; contradicting or invalid values are usage errors."""
+    for bad in (["--timing", "wall", "--latency", "0.1"], ["--latency", "-1"], ["--timing", "host"]):
+        with pytest.raises(SystemExit) as e:
+            cli.main([str(tmp_path / "no_bag"), "--out", str(tmp_path / "out"), *bad])
+        assert e.value.code == 2, bad
+    err = capsys.readouterr().err
+    assert "does not apply to --timing wall" in err and "modeled latency must be" in err
+
+
+@needs_toy
+def test_latency_option_sets_the_modeled_delay(bag: Path, tmp_path: Path) -> None:
+    """``--latency 0.2``: chunks ready 200 ms after their tick, so (20 Hz actions) 4 actions are committed before
+    each one is ready and the auto delay settles at 4 or more; the report says so."""
+    args = ["--params-file", str(ROOT / "config" / "tabletop.yaml"), "-p", f"compile_cache_dir:={tmp_path / 'cc'}",
+            "--max-frames", "6", "--no-plots", "--no-progress", "--latency", "0.2"]
+    assert cli.main([str(bag), "--out", str(tmp_path / "out"), *args]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["config"]["timing"]["latency_s"] == 0.2 and report["config"]["timing"]["clock"] == "bag"
+    assert all(f["first_step"] >= 4 for f in report["per_frame"])
+    assert all(f["rtc_delay"] >= 4 for f in report["per_frame"][1:])
