@@ -78,11 +78,12 @@ class ReplayTiming:
                     dt_s: float) -> Callable[[], int] | None:
         """The clock the frame runner reads when a chunk is ready (``FrameRunner.step(clock_ns=...)``), or None
         for the measured latency. A fixed ``rtc_delay`` N: ready N actions after ``stamp_ns`` (either clock);
-        ``auto`` (None): under ``bag`` ready :meth:`latency` after ``tick_ns``, under ``wall`` measured."""
+        ``auto`` (None): under ``bag`` ready :meth:`latency` after ``tick_ns`` (or after ``stamp_ns`` were that
+        later), under ``wall`` measured."""
         if rtc_delay is not None:
             ready = stamp_ns + round(rtc_delay * dt_s * 1e9)
-        elif self.deterministic:
-            ready = tick_ns + round(self.latency(p) * 1e9)
+        elif self.deterministic:  # a header stamp ahead of the bag's log time (another clock) must not shorten it
+            ready = max(tick_ns, stamp_ns) + round(self.latency(p) * 1e9)
         else:
             return None
         return lambda: ready
