@@ -111,8 +111,7 @@ def test_same_bag_same_outputs_on_a_quiet_and_a_loaded_host(bag: Path, tmp_path:
     assert quiet["frames"] >= FRAMES - 3 and quiet["digest"]["num_texts"] > 0, "a run with actions and texts"
     # the loaded run was really slower: every frame's measured latency includes the injected sleep
     measured = [f["timings_ms"]["latency"] for f in loaded["per_frame"]]
-    assert min(measured) >= 1e3 * HANG_S, measured
-    assert loaded["summary"]["latency_ms"]["p50"] > quiet["summary"]["latency_ms"]["p50"] + 0.5e3 * HANG_S
+    assert min(measured) >= 1e3 * HANG_S, measured  # (a quiet host's tabletop frame: tens of ms)
     # ... and decided nothing
     assert outputs(loaded) == outputs(quiet)
     assert loaded["digest"]["actions_sha256"] == quiet["digest"]["actions_sha256"]
