@@ -257,7 +257,7 @@ def test_feedback_streams_the_answer_then_the_result_names_its_observation(ask_n
     stamp = stamp_to_ns(result.observation_stamp)
     assert stamp in probe.stamps_sent(), "stamped with the observation it was answered from"
     assert probe.wait_for(lambda: any(o.stream == "ask" and o.request_id == result.request_id
-                                      for o in probe.language()), 3)
+                                      for o in probe.language()), 6)
     [out] = [o for o in probe.language() if o.stream == "ask" and o.request_id == result.request_id]
     assert (out.text, out.task, stamp_to_ns(out.header.stamp)) == (result.text, "answer", stamp)
     chunk = [c for c in probe.chunks() if c.frame_index == out.frame_index]
@@ -274,7 +274,7 @@ def test_concurrent_questions_decode_in_one_batch(ask_node) -> None:
     assert [s for s, _ in results] == [_status().STATUS_SUCCEEDED] * 2, results
     assert results[0][1].request_id != results[1][1].request_id
     assert probe.wait_for(lambda: probe.diagnostic_count("ask.max_batch") >= 2 and probe.diagnostic_count(
-        "ask.succeeded") >= 2 and probe.diagnostic_count("ask.pending") == 0, 4), probe.diagnostics()  # at 1 Hz
+        "ask.succeeded") >= 2 and probe.diagnostic_count("ask.pending") == 0, 8), probe.diagnostics()  # at 1 Hz
 
 
 @pytest.mark.ros
@@ -307,7 +307,7 @@ def test_a_full_pool_aborts_the_goal_with_the_reason_and_bad_goals_are_refused(a
     aborted = [r for s, r in results if s == status.STATUS_ABORTED]
     assert len(aborted) == 1 and "pool full" in aborted[0].error and aborted[0].text == aborted[0].error, results
     assert sum(s == status.STATUS_SUCCEEDED for s, _ in results) == 2
-    assert probe.wait_for(lambda: probe.diagnostic_count("requests_rejected") >= 1, 3)
+    assert probe.wait_for(lambda: probe.diagnostic_count("requests_rejected") >= 1, 6)
 
     assert not asker.accepted(asker.send("")), "no question, no prompt, no built-in task: rejected"
     assert not asker.accepted(asker.send("x" * 2000)), "longer than ask.max_question_chars"
@@ -317,7 +317,7 @@ def test_a_full_pool_aborts_the_goal_with_the_reason_and_bad_goals_are_refused(a
     assert got == status.STATUS_ABORTED and "prompt too long" in result.error
     got, result = asker.result(asker.send("", task="narration", max_new_tokens=3))
     assert got == status.STATUS_SUCCEEDED and result.stream == "ask", "a built-in task's prompt, asked now"
-    assert probe.wait_for(lambda: probe.diagnostic_count("rejected.ask_empty") >= 1, 3)
+    assert probe.wait_for(lambda: probe.diagnostic_count("rejected.ask_empty") >= 1, 6)
 
 
 @pytest.mark.ros

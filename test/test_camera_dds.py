@@ -119,7 +119,9 @@ def test_hd_streams_reach_the_node_with_the_profile(session) -> None:
     t_end = time.monotonic()
     sent = sent_counts(out)
     assert set(sent) == set(TOPICS), out
-    time.sleep(1.5)  # the next diagnostics message carries the final counts
+    # /diagnostics is periodic (1 Hz): wait for the status that carries the final counts instead of one sleep
+    probe.wait_for(lambda: all(int(probe.diagnostics().get(f"camera.{cam}.received", "0")) >= 0.95 * sent[topic]
+                               for cam, topic in zip(CAMS, TOPICS, strict=True)), 10)
     d = probe.diagnostics()
     for cam, topic in zip(CAMS, TOPICS, strict=True):
         received = int(d[f"camera.{cam}.received"])

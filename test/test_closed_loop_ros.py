@@ -28,13 +28,21 @@ def test_committed_model_is_present() -> None:
     assert toy_model_available(), f"the package's default model is missing from {TOY_MODEL_DIR}"
 
 
+def enough(s: dict) -> bool:
+    """The counts the test scores (at the 10 Hz target, 20 s give them; a busy host's node needs longer)."""
+    scored = [s.get("language_exact", {}).get(task, (0, 0))[1] for task in ("narration", "subtask")]
+    return (s["tasks_completed"] >= 1 and s["frames"] >= 50 and s["language_outputs"] >= 20
+            and s["memories_scored"] >= 20 and min(scored) >= 10 and s.get("answers_scored", 0) >= 2)
+
+
 def test_demo_completes_tasks_over_ros() -> None:
     console = Console(file=io.StringIO(), width=140)
-    summary = run_demo(duration=20.0, domain_id=DOMAIN, console=console)
+    # 20 s, then on until the counts below are in (at most 90 s): waits for them instead of racing the frame rate
+    summary = run_demo(duration=20.0, domain_id=DOMAIN, console=console, until=enough, max_duration=90.0)
     log = console.file.getvalue()
     assert summary.node_exit_code == 0, log
     assert summary.tasks_completed >= 1, log
-    assert summary.frames >= 50 and summary.language_outputs >= 20, log  # 10 Hz target, 20 s
+    assert summary.frames >= 50 and summary.language_outputs >= 20, log
     assert summary.memories_scored >= 20 and summary.memories_exact / summary.memories_scored >= 0.7, log
     # the preset's other streams and the questions over ~/ask (asked every 3 s), all scored against the world
     for task in ("narration", "subtask"):

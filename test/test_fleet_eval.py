@@ -27,6 +27,7 @@ from oxygen_ros.evaluation.fleet_report import FLEET_PLOTS  # noqa: E402
 from oxygen_ros.evaluation.outputs import ACTION_TOPIC  # noqa: E402
 from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
+from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, oxygen_typestore  # noqa: E402
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available  # noqa: E402
 
@@ -34,8 +35,9 @@ pytestmark = [pytest.mark.skipif(not toy_model_available(), reason="the embedded
               pytest.mark.usefixtures("one_torch_thread")]
 
 ROOT = Path(__file__).resolve().parents[1]
-# the tabletop demo's parameters, deterministic (k_auto follows the measured timing); 2 of the 8 actions execute
-PARAMS = {**cli.read_params_file(ROOT / "config" / "tabletop.yaml"), "k_auto": False, "actions_per_chunk": 2}
+# the tabletop demo's parameters as shipped (rtc.delay auto, k_auto): offline evaluation runs them on the bag's
+# clock, so Ray and sequential rows agree on a loaded host too (docs/evaluation-determinism.md); 2 of 8 actions execute
+PARAMS = {**cli.read_params_file(ROOT / "config" / "tabletop.yaml"), "actions_per_chunk": 2}
 SCORING = ScoringOptions(COMMAND_TOPIC, (), {"subtask": SUBTASK_TOPIC, "narration": NARRATION_TOPIC}, 0.05)
 
 
@@ -65,8 +67,11 @@ def test_own_output_as_reference_scores_zero(fleet_dir: Path, tmp_path: Path) ->
     # one chunk per control period (2.5 Hz x 8 actions at 20 Hz): the chunks tile the time line, so the recorded
     # chunks are a reference every step of every chunk is compared with
     params = {**PARAMS, "control_rate_hz": 2.5, "actions_per_chunk": 8}
+    # each chunk ready at its tick on the bag clock: no action committed before it is ready, all 8 are published
+    # (the default model, half a period, would commit 4 of them; before, this followed the host's speed)
+    timing = ReplayTiming("bag", latency_s=0.0)
     bag = fleet_dir / "tabletop_1000000"
-    first = evaluate_bag(bag, tmp_path / "first", params, plots=False, progress=False)
+    first = evaluate_bag(bag, tmp_path / "first", params, plots=False, progress=False, timing=timing)
     ts, _ = oxygen_typestore()
     chunks, texts, trajectories = [], [], []
     T = ts.types
@@ -90,7 +95,7 @@ def test_own_output_as_reference_scores_zero(fleet_dir: Path, tmp_path: Path) ->
     for topic in ("/policy/trajectory", "/policy/chunks"):
         scoring = ScoringOptions(topic, (), {"subtask": "/policy/language", "narration": "/policy/language"}, 0.0)
         r = evaluate_bag(own, tmp_path / topic.rsplit("/", 1)[1], params, plots=False, progress=False,
-                         scoring=scoring)
+                         scoring=scoring, timing=timing)
         assert r["digest"] == first["digest"]
         a = r["scores"]["actions"]
         assert a["chunks"] == r["frames"] and a["uncovered_chunks"] == 0
@@ -206,7 +211,7 @@ def test_fleet_command_line(fleet_dir: Path, tmp_path: Path, capsys: pytest.Capt
         [fleet_dir / "tabletop_1000000", fleet_dir / "tabletop_1000001"]
     with pytest.raises(FileNotFoundError):
         find_bags([tmp_path / "nothing"])
-    args = ["--params-file", str(ROOT / "config" / "tabletop.yaml"), "-p", "k_auto:=false", "--max-frames", "4",
+    args = ["--params-file", str(ROOT / "config" / "tabletop.yaml"), "--max-frames", "4",
             "--reference-topic", COMMAND_TOPIC, "--reference-language", f"subtask={SUBTASK_TOPIC}", "--no-ray",
             "--no-progress", "--no-plots"]
     assert cli.main([str(fleet_dir / "tabletop_100000[01]"), "--out", str(tmp_path / "out"), *args]) == 0

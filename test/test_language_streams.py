@@ -6,7 +6,6 @@ oxygen == isolated per stream, the parameters (flat ROS names and nested YAML), 
 from __future__ import annotations
 
 import os
-import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -168,7 +167,8 @@ def test_the_node_publishes_every_stream_with_its_name() -> None:
         probe.publish_instruction("put the red block on the blue plate")
         assert probe.wait_for(lambda: len({o.stream for o in probe.language()}) == 2 and len(per_stream) >= 2,
                               20), node.output()[-3000:]
-        time.sleep(2.0)
+        assert probe.wait_for(lambda: sum(o.stream == "memory" for o in probe.language()) >= 2, 20), \
+            node.output()[-3000:]
         outs = probe.language()
         memory = [o.frame_index for o in outs if o.stream == "memory"]
         narration = [o.frame_index for o in outs if o.stream == "narration"]
@@ -176,8 +176,9 @@ def test_the_node_publishes_every_stream_with_its_name() -> None:
         assert all(b - a >= 3 for a, b in zip(narration, narration[1:], strict=False)), narration
         assert {o.stream for o in per_stream} == {"narration"}, "the per-stream topic carries only its stream"
         assert {(o.stream, o.task) for o in outs} == {("memory", "memory"), ("narration", "narration")}
-        assert probe.diagnostic_count("stream.memory.outputs") >= 1
-        assert probe.wait_for(lambda: 0.0 <= float(probe.diagnostics().get("draft_acceptance", "-1")) <= 1.0, 3), \
+        # /diagnostics is periodic (1 Hz): wait for the status that counts the outputs already received
+        assert probe.wait_for(lambda: probe.diagnostic_count("stream.memory.outputs") >= 1, 5), probe.diagnostics()
+        assert probe.wait_for(lambda: 0.0 <= float(probe.diagnostics().get("draft_acceptance", "-1")) <= 1.0, 6), \
             probe.diagnostics().get("draft_acceptance")
     finally:
         probe.close()

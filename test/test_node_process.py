@@ -123,12 +123,15 @@ def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
 
 def test_stale_camera_stops_chunks_and_is_counted(node, probe) -> None:
     before = probe.diagnostic_count("skipped.stale_camera")
+    t_silent = probe.now_ns()
     probe.set_stream_cameras(["base_0_rgb"])  # the wrist camera goes silent
-    time.sleep(0.5 + 2 / RATE_HZ + 0.3)  # max_image_age_s + two ticks + delivery
-    t0 = time.monotonic()
-    time.sleep(1.5)
-    assert probe.chunks(since=t0) == [], "a chunk was computed from a stale camera"
-    assert probe.wait_for(lambda: probe.diagnostic_count("skipped.stale_camera") > before, 3)
+    # the node skips once the wrist image is older than max_image_age_s (counted in the 1 Hz diagnostics)
+    assert probe.wait_for(lambda: probe.diagnostic_count("skipped.stale_camera") > before, 10), probe.diagnostics()
+    time.sleep(1.5)  # more ticks with a stale wrist camera: none may act
+    # judged on the chunks' observation stamps (the newest image used), not on when a busy host delivered them: a
+    # chunk stamped later than the last wrist image (<= t_silent + one 10 Hz frame) + max_image_age_s used a stale one
+    late = [header_ns(c) - t_silent for c in probe.chunks() if header_ns(c) > t_silent + int((0.5 + 2 / RATE_HZ) * 1e9)]
+    assert late == [], f"a chunk was computed from a stale camera (stamped ns after it went silent: {late})"
     probe.set_stream_cameras(None)
     t1 = time.monotonic()
     assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5), "chunks did not resume"
@@ -149,7 +152,7 @@ def test_lifecycle_deactivate_and_activate(node, probe) -> None:
         req = ChangeState.Request()
         req.transition.id = Transition.TRANSITION_DEACTIVATE
         assert _call(probe, change, req).success
-        time.sleep(2 / RATE_HZ)
+        time.sleep(1.0)  # a chunk published before the transition may still be in delivery on a busy host
         t0 = time.monotonic()
         time.sleep(1.0)
         assert probe.chunks(since=t0) == [], "an inactive node published"

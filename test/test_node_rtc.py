@@ -28,9 +28,16 @@ RATE_HZ = 5.0
 DOMAIN = 20 + (os.getpid() * 7 + 3) % 100
 
 
+def _guided_status(diag: dict[str, str]) -> bool:
+    """A diagnostics status that reports guided chunks (the 1 Hz status after them)."""
+    return diag.get("rtc_last_chunk_guided") == "true" and int(diag.get("rtc_guided_chunks", "0")) > 0 \
+        and "actions" in diag.get("rtc_delay", "")
+
+
 def _chunks(rtc: bool, domain: int, count: int = 10) -> tuple[list, dict[str, str]]:
-    """``count`` consecutive chunks (and the last diagnostics) of a node with or without real-time chunking; a chunk
-    spans 0.5 s (10 actions at 20 Hz) and the node replans every 0.2 s, so consecutive chunks overlap in time."""
+    """``count`` consecutive chunks (and the diagnostics after them) of a node with or without real-time chunking;
+    a chunk spans 0.5 s (10 actions at 20 Hz) and the node replans every 0.2 s, so consecutive chunks overlap in
+    time."""
     node = NodeProcess(CONFIG, {"control_rate_hz": RATE_HZ, "action_rate_hz": 20.0, "request_every_n_frames": 0,
                                 "max_image_age_s": 0.5, "rtc.enabled": rtc, "rtc.schedule": "linear",
                                 "rtc.execution_horizon": 10, "rtc.max_guidance_weight": 10.0},
@@ -43,7 +50,9 @@ def _chunks(rtc: bool, domain: int, count: int = 10) -> tuple[list, dict[str, st
         assert probe.wait_for(lambda: len(probe.chunks()) >= 2, 20), node.output()
         t0 = time.monotonic()
         assert probe.wait_for(lambda: len(probe.chunks(since=t0)) >= count, 20), node.output()
-        time.sleep(1.2)  # a diagnostics report after them
+        # /diagnostics is periodic (1 Hz): wait for a status that reports them instead of sleeping past one
+        ready = _guided_status if rtc else (lambda d: "state" in d)
+        probe.wait_for(lambda: ready(probe.diagnostics()), 10)
         return probe.chunks(since=t0)[:count], probe.diagnostics()
     finally:
         probe.close()

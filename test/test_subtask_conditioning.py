@@ -150,12 +150,17 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
         probe.start_stream(10.0)
         probe.publish_instruction("put the red block on the blue plate")
         assert probe.wait_for(lambda: sum(bool(c.subtask) for c in probe.chunks()) >= 3, 30), node.output()[-3000:]
-        published = {o.text.strip() for o in probe.language() if o.stream == "subtask"}
         conditioned = [c for c in probe.chunks() if c.subtask]
-        assert {c.subtask for c in conditioned} <= published
+
+        def published() -> set[str]:
+            return {o.text.strip() for o in probe.language() if o.stream == "subtask"}
+
+        # a subtask's LanguageOutput and the chunks it conditions travel on two topics: wait for the outputs
+        assert probe.wait_for(lambda: {c.subtask for c in conditioned} <= published(), 5), \
+            ({c.subtask for c in conditioned}, published())
         first = min(c.frame_index for c in conditioned)
         assert all(c.subtask == "" for c in probe.chunks() if c.frame_index < first)
-        assert any(o.stream == "memory" for o in probe.language())
+        assert probe.wait_for(lambda: any(o.stream == "memory" for o in probe.language()), 10)
 
         def diagnosed() -> bool:  # /diagnostics names the subtask the next chunks are conditioned on
             d = probe.diagnostics()

@@ -27,7 +27,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -142,16 +142,31 @@ def _wait_subscribed(probe: Probe, scene: Scene, node: NodeProcess | None, conso
                 f"; its log:\n{node.output()[-3000:]}" if node is not None else ""))
 
 
+def _progress(probe: Probe, scene: Scene) -> dict[str, Any]:
+    """The counts so far, under :class:`DemoSummary`'s names: ``frames``, ``language_outputs`` and the scene's."""
+    return {"frames": len(probe.chunks()), "language_outputs": len(probe.language()), **scene.summary()}
+
+
 def _watch(probe: Probe, scene: Scene, node: NodeProcess | None, duration: float, horizon: int,
-           console: Console, executor: NodeProcess | None = None) -> tuple[float, int]:
-    """Show the live table (a line per second when not on a terminal) for ``duration`` seconds; returns the wall
-    time and the action horizon (taken from the first chunk when the preset leaves it to the model)."""
+           console: Console, executor: NodeProcess | None = None,
+           until: Callable[[dict[str, Any]], bool] | None = None,
+           max_duration: float | None = None) -> tuple[float, int]:
+    """Show the live table (a line per second when not on a terminal) for ``duration`` seconds, then on until
+    ``until(progress)`` holds or ``max_duration`` passed (when ``until`` is given); returns the wall time and the
+    action horizon (taken from the first chunk when the preset leaves it to the model)."""
     t0 = time.monotonic()
+    limit = max(duration, max_duration or duration)
+
+    def going(elapsed: float) -> bool:
+        if elapsed < duration:
+            return True
+        return until is not None and elapsed < limit and not until(_progress(probe, scene))
+
     live = Live(console=console, refresh_per_second=2, transient=False) if console.is_terminal else None
     if live is not None:
         live.start()
     try:
-        while (elapsed := time.monotonic() - t0) < duration:
+        while going(elapsed := time.monotonic() - t0):
             scene.tick()
             if node is not None and not node.alive:
                 raise RuntimeError(f"the node exited:\n{node.output()[-3000:]}")
@@ -191,12 +206,16 @@ def _summarize(probe: Probe, scene: str, wall: float, horizon: int, exit_code: i
 def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict[str, Any] | None = None,
              start_node: bool = True, domain_id: int | None = None, image_size: int = 224, camera_rate_hz: float = 15.0,
              console: Console | None = None, scene: str = "tabletop", sim_seed: int = DEFAULT_SIM_SEED,
-             ask_every_s: float = 3.0, executor: bool = False) -> DemoSummary:
+             ask_every_s: float = 3.0, executor: bool = False, until: Callable[[dict[str, Any]], bool] | None = None,
+             max_duration: float | None = None) -> DemoSummary:
     """Run the demo for ``duration`` seconds and return the summary. ``scene``: "tabletop" (the simulator node, closed
     loop) or "synthetic" (a synthetic stream of ``image_size`` px at ``camera_rate_hz``); ``config`` defaults to the
     scene's preset (:func:`~oxygen_ros.demo.config.find_config`). Tabletop: a question about the scene goes to the
     node's ``~/ask`` action every ``ask_every_s`` seconds (0: none), its answer scored against the world.
-    ``executor``: drive the simulator through the chunk executor process (tabletop only; module docstring)."""
+    ``executor``: drive the simulator through the chunk executor process (tabletop only; module docstring).
+    ``until``: after ``duration``, go on until it holds for the counts so far (``frames``, ``language_outputs`` and
+    the scene's :class:`DemoSummary` fields) or ``max_duration`` seconds passed: a test waits for what it checks
+    instead of a busy host's frame rate."""
     if scene not in SCENES:
         raise ValueError(f"scene must be one of {sorted(SCENES)}, got {scene!r}")
     if executor and scene != "tabletop":
@@ -248,7 +267,7 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
         _wait_subscribed(probe, world, node, console)
         world.start()
         wall, horizon = _watch(probe, world, node, duration, int(params.get("action_horizon") or 0), console,
-                               chunk_executor)
+                               chunk_executor, until, max_duration)
         scene_summary = world.summary()
         world.close()
         diagnostics = probe.diagnostics()

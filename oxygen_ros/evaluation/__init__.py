@@ -1,7 +1,8 @@
 """Offline evaluation over rosbags, and the bag tools around it, none of which needs DDS except the replayer.
 
 - :mod:`.run`: :func:`evaluate_bag`, the deterministic run of the node's pipeline (input store, observation
-  builder, frame runner) over a bag on a virtual clock, configured by the node's own parameters;
+  builder, frame runner) over a bag on a virtual clock, configured by the node's own parameters; :mod:`.timing`
+  (:class:`ReplayTiming`: the bag clock's delay model that keeps it deterministic, or the wall clock);
 - :mod:`.report` (report.json), :mod:`.plots` (PNGs), :mod:`.outputs` (the output bag and the digest),
   :mod:`.typestore` (ROS 2 and oxygen_ros message types for rosbags, storage plugins);
 - scores against the recording: :mod:`.reference` (reference topics, annotations, :class:`ScoringOptions`),
@@ -18,8 +19,8 @@ from oxygen_ros._lazy import lazy_exports
 
 _EXPORTS = {"evaluate_bag": "run", "REPORT_KEYS": "report", "PLOT_FILES": "plots", "write_plots": "plots",
             "make_demo_bag": "demo_bag", "make_demo_fleet": "demo_fleet", "evaluate_fleet": "fleet",
-            "ScoringOptions": "reference"}
+            "ScoringOptions": "reference", "ReplayTiming": "timing"}
 
-__all__ = ["PLOT_FILES", "REPORT_KEYS", "ScoringOptions", "evaluate_bag", "evaluate_fleet", "make_demo_bag",
-           "make_demo_fleet", "write_plots"]
+__all__ = ["PLOT_FILES", "REPORT_KEYS", "ReplayTiming", "ScoringOptions", "evaluate_bag", "evaluate_fleet",
+           "make_demo_bag", "make_demo_fleet", "write_plots"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -104,6 +104,13 @@ def _evaluate_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--overwrite", action="store_true", help="replace an existing out_bag")
+    t = p.add_argument_group("timing (docs/evaluation-determinism.md)")
+    t.add_argument("--timing", choices=("bag", "wall"), default="bag",
+                   help="bag (default): deterministic, rtc.delay auto follows a modeled latency on the bag's clock, "
+                        "k_auto runs the fixed k, kernels auto the plain ones; wall: the measured timing feeds "
+                        "back as on the robot (results depend on the host's load)")
+    t.add_argument("--latency", type=float, metavar="SECONDS",
+                   help="with --timing bag: modeled tick -> chunk-ready latency (default: half the control period)")
     s = p.add_argument_group("scores against the recording")
     s.add_argument("--reference-topic", default="",
                    help="what the robot was commanded: JointTrajectory, JointState or ActionChunk topic "
@@ -137,6 +144,17 @@ def _scoring(p: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
     if args.tolerance < 0:
         p.error("--tolerance must not be negative")
     return ScoringOptions(args.reference_topic, tuple(args.reference_joints), topics, args.tolerance)
+
+
+def _timing(p: argparse.ArgumentParser, args: argparse.Namespace) -> Any:
+    from .timing import ReplayTiming
+
+    if args.latency is not None and args.timing != "bag":
+        p.error("--latency models the bag clock; it does not apply to --timing wall")
+    try:
+        return ReplayTiming(args.timing, args.latency)
+    except ValueError as e:
+        p.error(str(e))
 
 
 def _is_fleet(args: argparse.Namespace) -> bool:
@@ -186,7 +204,7 @@ def _run_fleet(p: argparse.ArgumentParser, args: argparse.Namespace, params: dic
                                use_ray=False if args.no_ray else None, ray_address=args.ray_address,
                                workers=args.workers, cpus_per_worker=args.cpus_per_worker,
                                gpus_per_worker=args.gpus_per_worker, rerun=args.rerun, plots=not args.no_plots,
-                               progress=False if args.no_progress else None)
+                               progress=False if args.no_progress else None, timing=_timing(p, args))
     except (FileNotFoundError, ImportError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -217,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                               plots=not args.no_plots, progress=False if args.no_progress else None,
                               overwrite=args.overwrite, joint_states_topic=args.joint_states_topic,
                               instruction_topic=args.instruction_topic, reference=args.reference,
-                              scoring=_scoring(p, args))
+                              scoring=_scoring(p, args), timing=_timing(p, args))
     except (ValueError, FileNotFoundError, FileExistsError) as e:  # bad parameters, bag or output directory
         print(f"error: {e}", file=sys.stderr)
         return 2

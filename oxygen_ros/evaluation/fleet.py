@@ -15,6 +15,7 @@ for the run (and stops after it). Results come back to this process, which write
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import logging
@@ -31,6 +32,7 @@ from .fleet_report import build_fleet_report, write_fleet_outputs
 from .fleet_worker import FleetWorker, run_key
 from .reference import ScoringOptions
 from .run import INSTRUCTION_TOPIC, JOINT_STATES_TOPIC
+from .timing import ReplayTiming
 
 __all__ = ["CACHE_DIR", "evaluate_fleet", "find_bags", "is_bag", "ray_available"]
 
@@ -174,6 +176,7 @@ def evaluate_fleet(
     rerun: bool = False,
     plots: bool = True,
     progress: bool | None = None,
+    timing: ReplayTiming | None = None,
 ) -> dict[str, Any]:
     """Evaluate and score every bag of ``bags`` (paths, directories of bags or glob patterns) into ``out``.
 
@@ -187,6 +190,8 @@ def evaluate_fleet(
             and ``device`` is not cpu).
         rerun: evaluate bags found in the cache again.
         progress: a bar of bags done out of the total with an ETA (None: on a terminal).
+        timing: the runs' clock (as for ``evaluate_bag``; default: the bag's clock, deterministic, so a bag's row
+            is the same on Ray as sequentially and on a loaded host as on a quiet one).
 
     Returns:
         The fleet report (also ``out/fleet.json``; see :mod:`.fleet_report`).
@@ -200,12 +205,14 @@ def evaluate_fleet(
     cache = out / CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
     scoring = scoring or ScoringOptions()
+    timing = timing or ReplayTiming()
     options = {"scoring": scoring.as_dict(), "max_frames": max_frames, "joint_states_topic": joint_states_topic,
-               "instruction_topic": instruction_topic}
+               "instruction_topic": instruction_topic, "timing": dataclasses.asdict(timing)}
     run = run_key({"params": dict(params), **options})
     done = set() if rerun else {p.stem for p in cache.glob("*.json")}
-    if params.get("k_auto"):
-        logger.warning("k_auto: tokens per frame follow the measured timing, so results are not deterministic")
+    if not timing.deterministic:
+        logger.warning("timing on the wall clock: the RTC delay (auto), k_auto and kernels (auto) follow the "
+                       "measured timing, so results depend on the host's load")
     if use_ray is None:
         use_ray = bool(ray_address) or ray_available()
     worker_args = (dict(params), options, run, done)

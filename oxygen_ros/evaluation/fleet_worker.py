@@ -24,7 +24,8 @@ __all__ = ["CACHE_VERSION", "FleetWorker", "bag_digest", "cache_key", "run_key"]
 
 logger = logging.getLogger(__name__)
 
-CACHE_VERSION = 1  # bump when a change to the evaluation or the scores invalidates cached results
+CACHE_VERSION = 2  # bump when a change to the evaluation or the scores invalidates cached results
+# 2: the bag clock's delay model (timing.py) replaced the measured RTC delay, k_auto and kernels: auto
 
 
 def bag_digest(bag: Path) -> str:
@@ -77,6 +78,10 @@ class FleetWorker:
         self.params, self.run, self.done_keys = dict(params), run, frozenset(done_keys)
         self.options = dict(options)
         scoring = self.options.get("scoring")
+        if isinstance(self.options.get("timing"), Mapping):
+            from .timing import ReplayTiming
+
+            self.options["timing"] = ReplayTiming(**self.options["timing"])
         if isinstance(scoring, Mapping):
             self.options["scoring"] = ScoringOptions(**{**scoring, "reference_joints": tuple(
                 scoring.get("reference_joints", ()))})

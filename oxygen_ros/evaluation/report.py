@@ -69,6 +69,8 @@ def _summary(per_frame: list[dict], horizon: int, period: float) -> dict[str, An
                                  if per_frame else None),
         "control_rate_hz": 1.0 / period,
         "frame_ms": percentiles([1e3 * s for s in frame_s]),
+        # measured newest input -> chunk ready; reported only: the bag clock's delay model does not read it
+        "latency_ms": percentiles([f["timings_ms"]["latency"] for f in per_frame if "latency" in f["timings_ms"]]),
         "stage_ms_mean": {s: statistics.fmean(f["timings_ms"][s] for f in per_frame) if per_frame else None
                           for s in (*STAGES, "preprocess", "frame", "tick")},
         "deadline_misses": sum(s > period for s in frame_s),

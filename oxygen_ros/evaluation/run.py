@@ -13,9 +13,10 @@ unsynchronised (``max_camera_skew_s``) or invalid. Otherwise one frame of the po
 :class:`~oxygen_ros.policy.runner.FrameRunner` runs, built as
 the node builds it (:func:`~oxygen_ros.ros.model_loader.load_node_policy` / ``build_runner``): language requests
 every ``request_every_n_frames`` frames, flow-matching noise seeded with ``seed + frame_index``. The action chunks
-and texts therefore depend on the bag and the parameters only (timings are measured but never feed back into the
-outputs, unless ``k_auto``; bit-exact digests also need the same device, dtype and torch thread count, which the
-report records).
+and texts therefore depend on the bag and the parameters only: by default (:class:`.timing.ReplayTiming` ``bag``)
+the real-time chunking delay follows a modeled latency on the bag's clock, ``k_auto`` runs the fixed ``k`` and
+``kernels: auto`` the plain kernels, so timings are measured and reported but never feed back into the outputs
+(bit-exact digests also need the same device, dtype and torch thread count, which the report records).
 
 Written into ``out``: ``report.json`` (:mod:`.report`), PNG plots (:mod:`.plots`) and ``out_bag/`` with the node's
 output topics (:mod:`.outputs`), header-stamped with the originating observation time (the newest camera stamp
@@ -43,6 +44,7 @@ from rosbags.rosbag2 import Writer
 from tqdm import tqdm
 
 from oxygen_ros.ros.diagnostics import ReasonCounter
+from oxygen_ros.ros.fault_injection import install_from_env
 from oxygen_ros.ros.model_loader import (
     LoadedPolicy,
     build_runner,
@@ -58,6 +60,7 @@ from .plots import write_plots
 from .reference import ScoringOptions, load_references, score_run, scored_joints
 from .report import STAGES, RunLog, build_report, exact_match
 from .scoring import ChunkRecord
+from .timing import ReplayTiming
 from .typestore import IMAGE_TYPES, STORAGES, bag_storage, oxygen_typestore
 
 __all__ = ["INSTRUCTION_TOPIC", "JOINT_STATES_TOPIC", "PolicyCache", "camera_topics", "evaluate_bag", "node_params"]
@@ -170,18 +173,17 @@ def _tick_count(reader: AnyReader, rate_hz: float, max_frames: int | None) -> in
     return n if max_frames is None else min(n, max_frames)
 
 
-def _replay_clock(runner: Any, stamp_ns: int, dt_s: float) -> Callable[[], int] | None:
-    """Real-time chunking in a replay: with a fixed delay (``rtc.delay: N``) each chunk is ready N actions after its
-    observation on the bag's clock, so the replay is deterministic; with ``auto`` (or no RTC) the measured latency
-    counts, as on the robot."""
+def _replay_clock(runner: Any, timing: ReplayTiming, p: NodeParams, tick_ns: int, stamp_ns: int,
+                  dt_s: float) -> Callable[[], int] | None:
+    """When a chunk is ready in a replay (:meth:`.timing.ReplayTiming.chunk_clock`): a fixed ``rtc.delay: N``, N
+    actions after its observation; ``auto``, the modeled latency after its tick on the bag's clock (or, with the
+    ``wall`` clock, None: the measured latency counts, as on the robot)."""
     rtc = runner.rtc
-    if rtc is None or rtc.delay is None:
-        return None
-    return lambda: stamp_ns + round(rtc.delay * dt_s * 1e9)
+    return timing.chunk_clock(p, rtc.delay if rtc is not None else None, tick_ns, stamp_ns, dt_s)
 
 
 def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: OutputBag, log: RunLog,
-               dt_s: float, show: bool) -> None:
+               dt_s: float, show: bool, timing: ReplayTiming) -> None:
     """Every tick: feed the bag up to it, build the observation (or skip), run one frame, write its outputs."""
     p, reader = loaded.params, feed.reader
     builder = ObservationBuilder(feed.store, loaded.policy, p.max_image_age_s, p.max_joint_age_s,
@@ -199,7 +201,7 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
         if built.prompt_truncated:
             feed.rejected.add("prompt_truncated", "instruction + state exceed the model's max_token_len")
         out = runner.step(built.prepared, stamp_ns=built.stamp_ns, instruction=built.instruction,
-                          clock_ns=_replay_clock(runner, built.stamp_ns, dt_s))
+                          clock_ns=_replay_clock(runner, timing, p, tick_ns, built.stamp_ns, dt_s))
         res, chunk = out.result, out.chunk
         log.issued += out.new_requests
         # the whole chunk as a robot receives it (ActionChunk's float32), scored against the reference afterwards
@@ -214,11 +216,13 @@ def _run_ticks(feed: _BagFeed, loaded: LoadedPolicy, runner: Any, outputs: Outpu
         timings["frame"] = 1e3 * res.timings["frame"]
         timings["preprocess"] = 1e3 * (t_obs - t0)  # the builder prepares the policy input
         timings["tick"] = 1e3 * (time.perf_counter() - t0)
+        timings["latency"] = 1e3 * chunk.latency_s  # measured (input -> chunk ready); with the bag clock unused
         log.per_frame.append({"frame": res.frame_index, "tick": tick, "tick_ns": tick_ns,
                               "stamp_ns": built.stamp_ns, "timings_ms": timings, "tokens": res.tokens_generated,
                               "new_requests": out.new_requests, "finished": len(res.finished),
                               "inflight": res.inflight, "decode_steps": res.decode_steps,
                               "batch_sizes": res.batch_sizes, "rejected": res.rejected,
+                              "rtc_delay": chunk.delay, "first_step": chunk.start,
                               "state": built.state.tolist()})
 
 
@@ -234,8 +238,8 @@ def _torch_threads(n: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _config(loaded: LoadedPolicy, dt_s: float, max_frames: int | None, joint_states_topic: str,
-            instruction_topic: str) -> dict[str, Any]:
+def _config(loaded: LoadedPolicy, dt_s: float, max_frames: int | None, timing: dict[str, Any],
+            joint_states_topic: str, instruction_topic: str) -> dict[str, Any]:
     """The report's ``config``: the values the run used (names as before the node parameters were adopted) and
     ``params``, every node parameter."""
     p, spec = loaded.params, loaded.policy.spec
@@ -255,27 +259,32 @@ def _config(loaded: LoadedPolicy, dt_s: float, max_frames: int | None, joint_sta
             "max_frames": max_frames, "device": str(dev),
             "dtype": str(loaded.policy.model.dtype).removeprefix("torch."), "precision": precision.precision,
             "precision_reason": precision.reason,
-            "torch_threads": torch.get_num_threads(),
+            "torch_threads": torch.get_num_threads(), "timing": timing,
             "params": {f.name: list(v) if isinstance(v := getattr(p, f.name), tuple) else v
                        for f in dataclasses.fields(p) if f.name not in ("extra", "streams")},
             "language_streams": [dataclasses.asdict(s) for s in p.streams]}
 
 
 def _evaluate(reader: AnyReader, loaded: LoadedPolicy, out_bag: Path, storage: str, ts: Any,
-              max_frames: int | None, show: bool, topics: tuple[str, str]) -> tuple[RunLog, dict, dict]:
+              max_frames: int | None, show: bool, topics: tuple[str, str],
+              timing: tuple[ReplayTiming, dict[str, Any]]) -> tuple[RunLog, dict, dict]:
     """The run itself: (log, report sections config / model and the engine's totals, digest)."""
     p, cfg = loaded.params, loaded.policy.model.config
     runner = build_runner(loaded)  # the node's frame: request cadence, noise (seed + frame index), post-processing
+    # TEST-ONLY, as in the node: OXYGEN_ROS_FAULT_INJECTION (e.g. hang:*:0.2, every frame 0.2 s slower); unset: none
+    injector = install_from_env(runner, loaded.policy.model, logger.warning)
     try:
         dt_s = 1.0 / (p.action_rate_hz if p.action_rate_hz > 0 else runner.n_execute * p.control_rate_hz)
         feed = _BagFeed(reader, p, instruction_char_cap(p, loaded.policy), *topics)
         log = RunLog(ticks=_tick_count(reader, p.control_rate_hz, max_frames))
         with Writer(out_bag, version=9, storage_plugin=STORAGES[storage]) as writer:
             outputs = OutputBag(writer, ts)
-            _run_ticks(feed, loaded, runner, outputs, log, dt_s, show)
+            _run_ticks(feed, loaded, runner, outputs, log, dt_s, show, timing[0])
     finally:
+        if injector is not None:
+            injector.release()
         runner.close()
-    sections = {"config": _config(loaded, dt_s, max_frames, *topics),
+    sections = {"config": _config(loaded, dt_s, max_frames, timing[1], *topics),
                 "model": {"name": cfg.name, "action_horizon": runner.n_execute, "action_dim": cfg.action_dim,
                           "image_size": cfg.vision.image_size, "camera_slots": list(cfg.camera_names),
                           "max_token_len": cfg.max_token_len},
@@ -325,6 +334,7 @@ def evaluate_bag(
     reference: str | Path | Mapping[str, Any] | None = None,
     scoring: ScoringOptions | None = None,
     policies: PolicyCache | None = None,
+    timing: ReplayTiming | None = None,
 ) -> dict[str, Any]:
     """Run the node's pipeline over ``bag`` on a virtual clock; write report.json, plots and ``out_bag/`` to ``out``.
 
@@ -346,6 +356,9 @@ def evaluate_bag(
         scoring: what the report's ``scores`` compare with (:class:`~oxygen_ros.evaluation.reference.ScoringOptions`;
             default: the chunks against the bag's future joint states, no language).
         policies: keep the loaded policy here across calls (a fleet worker); None: load and release it.
+        timing: the run's clock (:class:`~oxygen_ros.evaluation.timing.ReplayTiming`; default: the bag's clock,
+            deterministic: actions, texts and scores do not depend on the host's speed or load; the report's
+            ``config.timing`` says which delay model was in force and which parameters it replaced).
 
     Returns:
         The report (also written to ``out/report.json``).
@@ -363,7 +376,9 @@ def evaluate_bag(
         raise ValueError(f"storage must be one of {sorted(STORAGES)}, got {storage!r}")
     ts, msg_source = oxygen_typestore()
     with AnyReader([bag], default_typestore=ts) as reader:
-        p = node_params(params, reader, joint_states_topic)
+        timing = timing or ReplayTiming()
+        given = node_params(params, reader, joint_states_topic)
+        p, replaced = timing.adopt(given)
         resolve_device(p.device, p.dtype)  # an unavailable device fails before anything is written
         refs = load_references(reader, scoring or ScoringOptions(), joint_states_topic)
         out_bag = prepare_out_bag(out, overwrite)
@@ -376,7 +391,8 @@ def evaluate_bag(
                 run = dataclasses.replace(loaded, params=dataclasses.replace(loaded.params, camera_topics=topics))
                 show = sys.stderr.isatty() if progress is None else progress
                 log, s, digest = _evaluate(reader, run, out_bag, storage, ts, max_frames, show,
-                                           (joint_states_topic, instruction_topic))
+                                           (joint_states_topic, instruction_topic),
+                                           (timing, timing.describe(p, replaced)))
             finally:
                 if policies is None:
                     cache.close()

@@ -1,0 +1,50 @@
+"""The load check (oxygen_ros/testing/load.py, tools/load_check.sh): CPU hogs that really burn a core and are gone
+after the block, and rounds of a pytest selection with pass/fail and wall time per round."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from oxygen_ros.testing.load import cpu_hogs, load_check, main
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
+def test_hogs_burn_cpu_and_are_killed_at_exit() -> None:
+    with cpu_hogs(2, max_s=60) as procs:
+        assert len(procs) == 2 and all(p.poll() is None for p in procs)
+        # busy, not sleeping: each burns CPU time (waited for: a shared, loaded host gives each a fraction of a core)
+        end = time.monotonic() + 20
+        while time.monotonic() < end and min(cpu_seconds(p.pid) for p in procs) < 0.5:
+            time.sleep(0.1)
+        assert min(cpu_seconds(p.pid) for p in procs) >= 0.5, [cpu_seconds(p.pid) for p in procs]
+    assert all(p.returncode is not None for p in procs), "a hog outlived the block"
+    with cpu_hogs(1, max_s=0.5) as (p,):  # bounded in time on its own
+        assert p.wait(timeout=30) == 0
+    with pytest.raises(ValueError), cpu_hogs(-1):
+        pass
+
+
+def test_rounds_report_pass_fail_and_wall_time(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "test_sample.py").write_text("import os\n\ndef test_ok():\n    pass\n\n"
+                                             "def test_flag():\n    assert not os.path.exists('fail')\n")
+    results = load_check(["test_sample.py"], hogs=1, rounds=2, cwd=tmp_path, log_dir=tmp_path / "logs")
+    assert [r.passed for r in results] == [True, True] and all(r.wall_s > 0 for r in results)
+    assert "2 passed" in results[0].summary and (tmp_path / "logs" / "round_2.log").exists()
+    out = capsys.readouterr().out
+    assert "round 1: PASS" in out and "round 2: PASS" in out and "1 CPU hog(s) running" in out
+    (tmp_path / "fail").write_text("")
+    [failed] = load_check(["test_sample.py"], hogs=0, rounds=1, cwd=tmp_path, show=False)
+    assert not failed.passed and failed.returncode == 1 and "1 failed" in failed.summary
+    assert failed.line().startswith("round 1: FAIL (rc 1)")
+    with pytest.raises(SystemExit):
+        main(["--rounds", "0", "x"])
