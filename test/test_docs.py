@@ -18,6 +18,7 @@ NOT_COMMITTED = {
     "runs/eval": "the output folder of the example bag-evaluation command",
     "runs/gpu": "where scripts/gpu_bench.sh writes; no GPU run has been made yet",
     "runs/gpu/frame_overhead": "where scripts/gpu_bench.sh writes its stage points; no GPU run has been made yet",
+    "runs/load_check": "the per-round pytest logs of tools/load_check.sh (its summary is in the docs)",
 }
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
