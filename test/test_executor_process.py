@@ -1,21 +1,23 @@
 """The chunk executor as a separate process over real DDS (``python -m oxygen_ros.executor``), driven by a probe
 node that publishes chunks, joint states, halt and a URDF and records the setpoints and ``~/executed``:
 
-- setpoints follow the timing rule within one command period, and ``~/executed`` carries the step and the plan;
+- setpoints follow the timing rule exactly, and ``~/executed`` carries the step and the plan;
 - replace never uses a superseded chunk; aggregation equals LeRobot's weighted average over DDS;
 - halt holds within one period and does not jump back when released;
 - URDF and acceleration limits hold on every setpoint, and the first setpoint is rate-limited from the joint state;
 - each output type carries the right joint order (at 100 and 500 Hz).
 
 Each test starts its own executor on this module's ROS domain (localhost discovery) and waits for conditions,
-never for a fixed snapshot of a periodic topic.
+never for a fixed snapshot of a periodic topic. The tests that judge *when* a setpoint is commanded run the executor
+on simulated time (``use_sim_time``) and step /clock one command period at a time, waiting for each tick
+(:meth:`ExecutorProbe.step`): an input arrives while time stands still, so a busy machine that delays DDS delivery
+or the executor's timer by seconds changes nothing they check. The output-type test runs on the wall clock.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -37,6 +39,8 @@ DOMAIN = 140 + (os.getpid() * 11 + 3) % 80  # FastDDS accepts domain ids up to 2
 MS = 1_000_000
 DT_S = 0.05
 DT = 50 * MS
+PERIOD = 10 * MS  # 100 Hz
+T0 = 1000 * 10**9  # simulated time at the start
 
 URDF = """<?xml version="1.0"?>
 <robot name="executor_test_robot">
@@ -61,101 +65,96 @@ def executor(overrides: dict, output: str = "joint_state") -> Iterator[tuple[Nod
         proc.stop(timeout=10)
 
 
+@contextlib.contextmanager
+def sim_executor(overrides: dict) -> Iterator[tuple[NodeProcess, ExecutorProbe]]:
+    """An executor on simulated time, standing at :data:`T0` until the test steps it."""
+    with executor({"use_sim_time": True, **overrides}) as (proc, pr):
+        pr.use_sim_clock(T0)
+        yield proc, pr
+
+
 def ns(stamp) -> int:
     return stamp_to_ns(stamp)
 
 
+def outputs_through(pr: ExecutorProbe, t_ns: int) -> list:
+    """The setpoints up to the tick at ``t_ns`` (recorded apart from ``~/executed``: wait for that tick's)."""
+    assert pr.wait_for(lambda: any(ns(m.header.stamp) >= t_ns for m in pr.got_outputs()), 30), t_ns
+    return [m for m in pr.got_outputs() if ns(m.header.stamp) <= t_ns]
+
+
+def hold_value(rows: np.ndarray, stamp: int, first: int, tau: int, before: np.ndarray) -> np.ndarray:
+    """The timing rule under ``hold``: the row whose due time passed last at ``tau`` (``before`` the first)."""
+    step = (tau - stamp) // DT - 1
+    if step < first:
+        return before
+    return rows[min(step, first + len(rows) - 1) - first]
+
+
 def test_setpoints_follow_the_timing_rule_and_executed_carries_the_plan() -> None:
-    period = 10 * MS
-    with executor({"command_rate_hz": 100.0, "interpolation": "hold", "stale_timeout_s": 1.0}) as (proc, pr):
+    """On simulated time (/clock from the probe, from 1000 s): every setpoint is the timing rule's at its tick's
+    stamp, ``~/executed`` names the step and the rows ahead, the chunk running out is an underrun held (never
+    extrapolated), and no chunk for ``stale_timeout_s`` of simulated time is stale."""
+    with sim_executor({"command_rate_hz": 100.0, "interpolation": "hold", "stale_timeout_s": 1.0}) as (proc, pr):
         names = ["b", "a"]  # the chunk's own order: outputs and ~/executed keep it
         pr.stream_joints(names, [0.0, 0.0])
-        assert pr.wait_for(lambda: pr.diagnostic("state") == "not_started", 10), proc.output()
+        pr.step(PERIOD, 3)
+        assert pr.got_outputs() == [], "a setpoint before any chunk"
         h, first = 8, 2
         rows = np.stack([np.arange(1, h + 1), -np.arange(1, h + 1)], axis=1).astype(np.float64)
-        stamp = pr.now_ns() + 100 * MS  # the whole chunk still ahead when it arrives
+        arrival = pr.sim_ns
+        stamp = arrival + 35 * MS  # off the tick grid: due times fall between ticks
         pr.publish_chunk(rows, stamp, DT_S, names, frame_index=7, first_step=first)
+        assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
         last = first + h - 1
-        assert pr.wait_for(lambda: any(e.step == last and e.holding for e in pr.got_executed()), 10), proc.output()
 
         def due(step: int) -> int:
             return stamp + (step + 1) * DT
 
-        outs = [m for m in pr.got_outputs() if ns(m.header.stamp) >= stamp]
+        ticks = pr.step(PERIOD, (due(last) - arrival) // PERIOD + 5)
+        outs = outputs_through(pr, pr.sim_ns)
         assert outs and all(list(m.name) == names for m in outs)
-        for m in outs:  # hold: the value of the last row whose due time passed (the measured 0 before the first)
-            tau, value = ns(m.header.stamp), m.position[0]
-            if value == 0.0:
-                assert tau < due(first) + period, (tau - stamp) / MS
-                continue
-            t = int(round(value)) - 1
-            assert value == t + 1 and m.position[1] == -value
-            assert due(first + t) <= tau + period, ((tau - stamp) / MS, t)
-            assert t == h - 1 or due(first + t + 1) > tau - period, ((tau - stamp) / MS, t)
-        executed = [e for e in pr.got_executed() if ns(e.chunk_stamp) == stamp]
+        assert all(abs(ns(m.header.stamp) - T0) < 60 * 10**9 for m in outs)  # simulated time
+        for m in outs:
+            expect = hold_value(rows, stamp, first, ns(m.header.stamp), np.zeros(2))
+            assert list(m.position) == list(expect), ((ns(m.header.stamp) - stamp) / MS, list(m.position))
         by_stamp = {ns(m.header.stamp): m for m in outs}
-        following = [e for e in executed if not e.holding]
-        assert following, "no ~/executed while following the chunk"
-        for e in executed:
+        assert all(ns(e.chunk_stamp) == stamp for e in ticks)
+        following = [e for e in ticks if not e.holding]
+        assert following and ticks[-1].holding and ticks[-1].step == last
+        for e in ticks:
             tau = ns(e.header.stamp)
             assert e.frame_index == 7 and list(e.joint_names) == names and ns(e.dt) == DT
             assert e.step == max(-1, min(last, (tau - stamp) // DT - 1))
-            if tau in by_stamp:
-                assert list(e.setpoint) == list(by_stamp[tau].position)
+            assert e.holding == (tau >= due(last))
+            assert list(e.setpoint) == list(by_stamp[tau].position)
         for e in following:  # the plan: the rows after the step in force, due from plan_start on
             plan = np.asarray(e.plan, dtype=np.float64).reshape(e.plan_length, 2)
             np.testing.assert_array_equal(plan, rows[e.step + 1 - first:] if e.step >= first else rows)
             assert ns(e.plan_start) == due(max(e.step + 1, first))
-        # the chunk ran out: held and counted; then no chunk for stale_timeout_s: stale, on /diagnostics
-        assert pr.wait_for(lambda: pr.diagnostic("stale") == "1", 10), pr.diagnostics
-        assert pr.diagnostic("underruns") == "1" and int(pr.diagnostic("underrun_ticks")) > 0
-        assert all(m.position[0] == h for m in pr.got_outputs() if ns(m.header.stamp) >= due(last))  # no extrapolation
-
-
-def test_use_sim_time_follows_clock() -> None:
-    """With use_sim_time the ticks, stamps and due times are simulated time (/clock from the probe, 2x real time,
-    starting at 1000 s): setpoints still follow the timing rule."""
-    from rosgraph_msgs.msg import Clock
-
-    from oxygen_ros.ros.stamps import time_msg
-
-    with executor({"command_rate_hz": 100.0, "interpolation": "hold", "use_sim_time": True}) as (proc, pr):
-        clock_pub = pr.node.create_publisher(Clock, "/clock", 10)
-        sim = {"ns": 1000 * 10**9}
-
-        def advance() -> None:
-            sim["ns"] += 10 * MS  # every 5 ms of wall time
-            clock_pub.publish(Clock(clock=time_msg(sim["ns"])))
-
-        pr.node.create_timer(0.005, advance)
-        names = ["a"]
-        pr.stream_joints(names, [0.0])
-        assert pr.wait_for(lambda: len(pr.got_executed()) > 5, 10), proc.output()
-        stamp = sim["ns"] + 100 * MS
-        rows = np.arange(1.0, 11.0)[:, None]
-        pr.publish_chunk(rows, stamp, DT_S, names)
-        assert pr.wait_for(lambda: any(e.step == 9 for e in pr.got_executed()), 10), proc.output()
-        outs = [m for m in pr.got_outputs() if m.position[0] > 0]
-        assert outs and all(abs(ns(m.header.stamp) - 1000 * 10**9) < 60 * 10**9 for m in outs)  # simulated time
-        for m in outs:
-            t = int(m.position[0]) - 1
-            tau = ns(m.header.stamp)
-            assert stamp + (t + 1) * DT <= tau + 10 * MS and (t == 9 or stamp + (t + 2) * DT > tau - 10 * MS)
+        assert pr.wait_diagnostic("underrun_ticks", str(sum(e.holding for e in ticks))), pr.diagnostics
+        assert pr.diagnostic("underruns") == "1"
+        # no chunk for stale_timeout_s (simulated): stale on the first tick past it, counted once, still holding
+        pr.step(PERIOD, (arrival + 10**9 - pr.sim_ns) // PERIOD + 3)
+        assert pr.wait_diagnostic("stale", "1"), pr.diagnostics
+        assert pr.diagnostic("state") == "stale"
+        assert all(m.position[0] == h for m in outputs_through(pr, pr.sim_ns) if ns(m.header.stamp) >= due(last))
 
 
 @pytest.mark.parametrize("mode, rate", [("linear", 100.0), ("cubic", 500.0)])
 def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rate: float) -> None:
     period = round(1e9 / rate)
-    with executor({"command_rate_hz": rate, "interpolation": mode}) as (proc, pr):
+    with sim_executor({"command_rate_hz": rate, "interpolation": mode}) as (proc, pr):
         names, measured = ["a", "b"], [0.25, -0.5]
         pr.stream_joints(names, measured)
-        assert pr.wait_for(lambda: pr.diagnostic("state") == "not_started", 10), proc.output()
+        pr.step(period, 2)
         rows = np.array([[1.0, 0.0], [3.0, 1.0], [2.0, -1.0], [2.5, 0.5], [0.0, 0.0]])
-        stamp = pr.now_ns() + 100 * MS
+        stamp = pr.sim_ns + 100 * MS
         pr.publish_chunk(rows, stamp, DT_S, names)
+        assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
         end = stamp + len(rows) * DT
-        assert pr.wait_for(lambda: any(ns(m.header.stamp) > end for m in pr.got_outputs()), 10), proc.output()
-        outs = pr.got_outputs()
+        pr.step(period, (end - pr.sim_ns) // period + 3)
+        outs = outputs_through(pr, pr.sim_ns)
         # the path starts one period before the first setpoint, at rest at the measured position (no limits set)
         curve = Curve.through(mode, ns(outs[0].header.stamp) - period, np.array(measured), np.zeros(2),
                               stamp + (np.arange(len(rows)) + 1) * DT, rows)
@@ -164,6 +163,7 @@ def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rat
             np.testing.assert_allclose(m.position, pos, rtol=0, atol=1e-9)
             np.testing.assert_allclose(m.velocity, vel, rtol=0, atol=1e-6)
         at_rows = [m for m in outs if (ns(m.header.stamp) - stamp) % DT == 0]  # ticks that fall on a due time
+        assert len(at_rows) >= len(rows)
         for m in at_rows:
             t = (ns(m.header.stamp) - stamp) // DT - 1
             if 0 <= t < len(rows):
@@ -172,21 +172,23 @@ def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rat
 
 def test_replace_never_uses_a_superseded_chunk_and_aggregate_matches_lerobot() -> None:
     for switch in ("replace", "aggregate"):
-        with executor({"command_rate_hz": 100.0, "interpolation": "hold", "switch": switch,
-                       "aggregate": "weighted_average"}) as (proc, pr):
+        with sim_executor({"command_rate_hz": 100.0, "interpolation": "hold", "switch": switch,
+                           "aggregate": "weighted_average"}) as (proc, pr):
             names = ["a"]
             pr.stream_joints(names, [0.0])
-            s = pr.now_ns() + 100 * MS
+            s = pr.sim_ns + 100 * MS
             a = np.arange(20, dtype=np.float64)[:, None]
             b = 100.0 + np.arange(20, dtype=np.float64)[:, None]
             pr.publish_chunk(a, s, DT_S, names, frame_index=1)
-            assert pr.wait_for(lambda s=s: any(ns(e.chunk_stamp) == s for e in pr.got_executed()), 10), proc.output()
+            assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
+            pr.step(PERIOD, 25)  # A in force, three of its rows done
             s_b = s + 3 * DT  # on A's grid, overlapping it
             pr.publish_chunk(b, s_b, DT_S, names, frame_index=2)
-            assert pr.wait_for(lambda s_b=s_b: any(ns(e.chunk_stamp) == s_b for e in pr.got_executed()), 10)
+            assert pr.wait_diagnostic("chunks.used", "2"), pr.diagnostics
             pr.publish_chunk(500.0 + a, s + DT, DT_S, names, frame_index=3)  # older than B: superseded
-            assert pr.wait_for(lambda: pr.diagnostic("chunks.not_used.superseded") == "1", 10), pr.diagnostics
-            e = next(e for e in pr.got_executed() if ns(e.chunk_stamp) == s_b and e.plan_length)
+            assert pr.wait_diagnostic("chunks.not_used.superseded", "1"), pr.diagnostics
+            (e,) = pr.step(PERIOD)
+            assert ns(e.chunk_stamp) == s_b and e.plan_length
             start = ns(e.plan_start)
             for i, got in enumerate(e.plan):
                 tau = start + i * DT
@@ -196,63 +198,71 @@ def test_replace_never_uses_a_superseded_chunk_and_aggregate_matches_lerobot() -
                 if switch == "aggregate" and t_a <= 19:  # LeRobot: 0.3 old + 0.7 new where both hold a value
                     expect = 0.3 * a[t_a, 0] + 0.7 * b[t_b, 0]
                 assert got == pytest.approx(expect, rel=1e-6), (i, got, expect)
-            time.sleep(0.3)
-            assert all(m.position[0] < 500 for m in pr.got_outputs()), "a superseded chunk was executed"
+            pr.step(PERIOD, 30)
+            outs = outputs_through(pr, pr.sim_ns)
+            assert all(m.position[0] < 500 for m in outs), "a superseded chunk was executed"
 
 
 def test_halt_holds_within_one_period_and_does_not_jump_back() -> None:
-    period = 10 * MS
-    with executor({"command_rate_hz": 100.0, "interpolation": "linear", "limits.a.max_velocity": 2.0}) as (proc, pr):
+    with sim_executor({"command_rate_hz": 100.0, "interpolation": "linear", "limits.a.max_velocity": 2.0}) \
+            as (proc, pr):
         names = ["a"]
-        latest = [0.0]
 
         def robot() -> list[float]:  # a robot that follows its setpoints
             outs = pr.got_outputs()
-            latest[0] = outs[-1].position[0] if outs else 0.0
-            return [latest[0]]
+            return [outs[-1].position[0] if outs else 0.0]
 
         pr.stream_joints(names, robot, rate_hz=100.0)
-        s = pr.now_ns()
-        pr.publish_chunk(np.linspace(0.0, 1.9, 40)[:, None], s, DT_S, names)  # 1 /s for 2 s
-        assert pr.wait_for(lambda: any(m.position[0] > 0.3 for m in pr.got_outputs()), 10), proc.output()
-        t_halt = pr.now_ns()
+        pr.publish_chunk(np.linspace(0.0, 1.9, 40)[:, None], pr.sim_ns, DT_S, names)  # 1 /s for 2 s
+        assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
+        for _ in range(100):
+            pr.step(PERIOD)
+            if outputs_through(pr, pr.sim_ns)[-1].position[0] > 0.3:
+                break
+        moving = outputs_through(pr, pr.sim_ns)[-1].position[0]
+        assert moving > 0.3
         pr.halt(True)
-        assert pr.wait_for(lambda: pr.diagnostic("state") == "halted", 5)
-        time.sleep(0.3)
-        after = [(ns(m.header.stamp), m.position[0]) for m in pr.got_outputs() if ns(m.header.stamp) > t_halt]
-        held = after[-1][1]
-        first_held = next(t for t, v in after if v == held)
-        assert all(v == held for t, v in after if t >= first_held)
-        # the halt closes the stream within one period of its arrival (+ DDS delivery on a loaded machine)
-        assert first_held - t_halt <= period + 60 * MS, (first_held - t_halt) / MS
-        t_release = pr.now_ns()
+        assert pr.wait_diagnostic("halts", "1"), pr.diagnostics
+        ticks = pr.step(PERIOD, 20)  # the first tick after the halt arrived holds, exactly, from then on
+        assert all(list(e.setpoint) == [moving] and e.holding for e in ticks), [list(e.setpoint) for e in ticks]
+        assert pr.wait_diagnostic("state", "halted"), pr.diagnostics
+        released_after = pr.sim_ns
         pr.halt(False)
-        assert pr.wait_for(lambda: pr.diagnostic("state") == "waiting_for_chunk", 5), pr.diagnostics
-        pr.publish_chunk(np.full((20, 1), 1.9), t_release - 20 * MS, DT_S, names, frame_index=5)  # observed before
-        assert pr.wait_for(lambda: pr.diagnostic("chunks.not_used.observed_before_release") == "1", 5)
-        time.sleep(0.2)
-        assert all(m.position[0] == held for m in pr.got_outputs() if ns(m.header.stamp) >= first_held)
-        t_new = pr.now_ns()
+        for _ in range(20):  # the release arrives at some simulated time after released_after
+            pr.step(PERIOD)
+            if pr.wait_diagnostic("state", "waiting_for_chunk", 1.5):
+                break
+        assert pr.diagnostic("state") == "waiting_for_chunk", pr.diagnostics
+        pr.publish_chunk(np.full((20, 1), 1.9), released_after - 20 * MS, DT_S, names, frame_index=5)  # before
+        assert pr.wait_diagnostic("chunks.not_used.observed_before_release", "1"), pr.diagnostics
+        pr.step(PERIOD, 20)
+        halted_from = ns(ticks[0].header.stamp)
+        held = [m.position[0] for m in outputs_through(pr, pr.sim_ns) if ns(m.header.stamp) >= halted_from]
+        assert held and all(v == moving for v in held)
+        t_new = pr.sim_ns
         pr.publish_chunk(np.full((20, 1), 1.9), t_new, DT_S, names, frame_index=6)
-        assert pr.wait_for(lambda: any(m.position[0] > held + 0.1 for m in pr.got_outputs()), 5), proc.output()
-        resumed = [(ns(m.header.stamp), m.position[0]) for m in pr.got_outputs() if ns(m.header.stamp) > t_new]
-        steps = np.abs(np.diff([held] + [v for _, v in resumed]))
-        assert steps.max() <= 2.0 * 0.03, steps.max()  # rate-limited from the held (= measured) position
+        assert pr.wait_diagnostic("chunks.used", "2"), pr.diagnostics
+        pr.step(PERIOD, 30)
+        resumed = [m.position[0] for m in outputs_through(pr, pr.sim_ns) if ns(m.header.stamp) > t_new]
+        assert resumed[-1] > moving + 0.1
+        steps = np.abs(np.diff([moving] + resumed))
+        assert steps.max() <= 2.0 * PERIOD / 1e9 * (1 + 1e-9), steps.max()  # rate-limited from the held position
 
 
 def test_limits_hold_on_every_setpoint_and_the_first_is_rate_limited() -> None:
     overrides = {"command_rate_hz": 100.0, "interpolation": "linear", "limits.a.max_acceleration": 2.0,
                  "limits.b.max_acceleration": 4.0}
-    with executor(overrides) as (proc, pr):
+    with sim_executor(overrides) as (proc, pr):
         names, measured = ["a", "b"], [0.2, -0.3]
         pr.publish_urdf(URDF)
         pr.stream_joints(names, measured)
-        assert pr.wait_for(lambda: pr.diagnostic("limits.robot") == "executor_test_robot", 10), pr.diagnostics
+        assert pr.wait_diagnostic("limits.robot", "executor_test_robot"), pr.diagnostics
         rows = np.array([[1.5, 3.0], [-1.5, -3.0]] * 6)  # far beyond what the limits allow
-        stamp = pr.now_ns()
-        pr.publish_chunk(rows, stamp, DT_S, names)
-        assert pr.wait_for(lambda: len([m for m in pr.got_outputs()]) >= 120, 10), proc.output()
-        outs = pr.got_outputs()
+        pr.publish_chunk(rows, pr.sim_ns, DT_S, names)
+        assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
+        pr.step(PERIOD, 80)  # past the chunk's last due time (12 rows of 50 ms)
+        outs = outputs_through(pr, pr.sim_ns)
+        assert len(outs) == 80
         stamps = np.array([ns(m.header.stamp) for m in outs], dtype=np.int64)
         t = (stamps - stamps[0]).astype(np.float64) / 1e9  # integer first: float seconds since 1970 lose the ns
         p = np.array([list(m.position) for m in outs])
@@ -268,7 +278,7 @@ def test_limits_hold_on_every_setpoint_and_the_first_is_rate_limited() -> None:
         assert np.abs(acc[:, 0]).max() <= 2.0 * (1 + tol) and np.abs(acc[:, 1]).max() <= 4.0 * (1 + tol)
         assert np.all(np.abs((v[0] - v0) / (t[1] - t[0])) <= np.array([2.0, 4.0]) * (1 + tol))
         assert pr.wait_for(lambda: int(pr.diagnostic("limits.a.limited_setpoints", "0")) > 0, 5), pr.diagnostics
-        bad = pr.publish_chunk(rows, pr.now_ns(), DT_S, names)  # bad input: counted, never a crash
+        bad = pr.publish_chunk(rows, pr.sim_ns, DT_S, names)  # bad input: counted, never a crash
         bad.horizon = 5
         pr.chunk_pub.publish(bad)
         assert pr.wait_for(lambda: pr.diagnostic("chunks.malformed") == "1", 5), pr.diagnostics

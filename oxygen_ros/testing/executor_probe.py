@@ -19,6 +19,7 @@ from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
 from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
@@ -56,6 +57,7 @@ class ExecutorProbe:
         rclpy.init(context=self.context, domain_id=domain_id)
         self.node = n = Node(name, context=self.context)
         self._lock = threading.Lock()
+        self._arrived = threading.Condition(self._lock)  # notified on every recorded message
         self.outputs: list[tuple[float, Any]] = []
         self.executed: list[tuple[float, ExecutedPlan]] = []
         self.diagnostics: dict[str, str] = {}
@@ -76,6 +78,9 @@ class ExecutorProbe:
         self._spin = threading.Thread(target=self._run, daemon=True, name="executor-probe")
         self._spin.start()
         self._joint_timer = None
+        self._clock_pub = None
+        self._clock_timer = None
+        self.sim_ns = 0
 
     def _run(self) -> None:
         with contextlib.suppress(Exception):
@@ -95,8 +100,9 @@ class ExecutorProbe:
 
     def _record(self, into: list) -> Callable[[Any], None]:
         def callback(msg: Any) -> None:
-            with self._lock:
+            with self._arrived:
                 into.append((time.monotonic(), msg))
+                self._arrived.notify_all()
         return callback
 
     def _on_diagnostics(self, msg: DiagnosticArray) -> None:
@@ -151,6 +157,50 @@ class ExecutorProbe:
         if self._joint_timer is not None:
             self.node.destroy_timer(self._joint_timer)
             self._joint_timer = None
+
+    # ------------------------------------------------------------------------------------------ simulated time
+    def use_sim_clock(self, start_ns: int) -> None:
+        """Drive /clock for an executor started with ``use_sim_time``: time stands at ``start_ns`` until
+        :meth:`step` moves it, so what the executor does no longer depends on how busy the machine is. The current
+        time is re-sent every 50 ms (/clock is best effort; the same time starts no tick)."""
+        self._clock_pub = self.node.create_publisher(Clock, "/clock", 10)
+        self.sim_ns = int(start_ns)
+        self._send_clock()
+        self._clock_timer = self.node.create_timer(0.05, self._send_clock)
+
+    def _send_clock(self) -> None:
+        with self._lock:  # one writer at a time: time never goes back
+            self._clock_pub.publish(Clock(clock=time_msg(self.sim_ns)))
+
+    def step(self, period_ns: int, n: int = 1, timeout: float = 30.0) -> list[ExecutedPlan]:
+        """Advance the simulated time ``n`` command periods, one at a time, each time waiting for the executor's
+        tick at that time (its ``~/executed``); returns those ticks' ExecutedPlan messages.
+
+        Raises:
+            TimeoutError: the executor did not tick within ``timeout`` seconds.
+        """
+        ticks = []
+        for _ in range(n):
+            with self._lock:
+                self.sim_ns += int(period_ns)
+                t = self.sim_ns
+                self._clock_pub.publish(Clock(clock=time_msg(t)))
+            with self._arrived:
+                if not self._arrived.wait_for(lambda t=t: self._tick_at(t) is not None, timeout):
+                    raise TimeoutError(f"no executor tick at simulated time {t} ns within {timeout} s")
+                ticks.append(self._tick_at(t))
+        return ticks
+
+    def _tick_at(self, t_ns: int) -> ExecutedPlan | None:  # under the lock
+        for _, e in reversed(self.executed[-50:]):
+            if e.header.stamp.sec * 1_000_000_000 + e.header.stamp.nanosec == t_ns:
+                return e
+        return None
+
+    def wait_diagnostic(self, key: str, value: str, timeout: float = 10.0) -> bool:
+        """Wait for ``key`` on the executor's /diagnostics (1 Hz on the wall clock, also under simulated time) to
+        read ``value``: how a test learns that an input arrived while the simulated time stands still."""
+        return self.wait_for(lambda: self.diagnostic(key) == value, timeout)
 
     def halt(self, on: bool) -> None:
         self.halt_pub.publish(Bool(data=bool(on)))
