@@ -52,7 +52,7 @@ def test_reports_this_machine(tmp_path: Path) -> None:
     assert checks["messages"]["status"] == OK
     assert f"torch {torch.__version__}" in checks["torch"]["detail"]
     assert ("CPU build" in checks["torch"]["detail"]) == (torch.version.cuda is None)
-    assert checks["device"]["detail"].endswith("-> cpu, float32 (float32)")  # tabletop: device cpu, dtype auto
+    assert checks["device"]["detail"].endswith("-> cpu, float32 (own checkpoint on cpu)")  # tabletop: dtype auto
     assert checks["model"]["status"] == OK and "toy" in checks["model"]["detail"]
     assert checks["preset"]["detail"].endswith("tabletop.yaml")
     assert checks["DDS profile"]["status"] == OK and "fastdds.xml" in checks["DDS profile"]["detail"]
@@ -104,3 +104,20 @@ def test_shm_smaller_than_a_segment_is_missing(tmp_path: Path) -> None:
     assert check_shm(free * 2, str(tmp_path)).status == MISSING  # a segment larger than the free space
     assert check_shm(1, str(tmp_path)).status == OK
     assert check_shm(None, str(tmp_path / "absent")).status == "warn"
+
+
+def test_the_device_check_names_the_precision_the_checkpoint_chooses(tmp_path: Path) -> None:
+    """dtype auto follows the checkpoint (docs/precision.md): an openpi checkpoint runs openpi's bf16, on CPU too."""
+    ckpt = REPO / "test" / "fixtures" / "openpi" / "pi05_libero" / "checkpoint"
+    data = yaml.safe_load((REPO / "config" / "libero.yaml").read_text())
+    params = next(iter(data.values()))["ros__parameters"]
+    params.update(model="", checkpoint_path=str(ckpt), device="cpu", dtype="auto")
+    preset = tmp_path / "libero.yaml"
+    preset.write_text(yaml.safe_dump(data))
+    _, report = doctor("--preset", str(preset))
+    detail = by_name(report)["device"]["detail"]
+    assert "-> cpu, bfloat16_islands (openpi checkpoint" in detail, detail
+    params["dtype"] = "float32"
+    preset.write_text(yaml.safe_dump(data))
+    _, report = doctor("--preset", str(preset))
+    assert by_name(report)["device"]["detail"].endswith("-> cpu, float32 (dtype parameter)")

@@ -1,4 +1,4 @@
-"""The node's output guard (README "Safety"): everything a chunk passes between the runner and ``~/action_chunk`` /
+"""The node's output guard (docs/safety.md): everything a chunk passes between the runner and ``~/action_chunk`` /
 ``~/trajectory``, and the ROS interfaces that steer it.
 
 :class:`ActionGuard` lives from configure to cleanup. It owns the joint limiter (:mod:`.limits`, fed by the URDF on

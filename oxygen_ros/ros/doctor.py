@@ -146,7 +146,7 @@ def check_torch(params: dict[str, Any] | None) -> list[Check]:
     out = [Check("torch", OK, detail)]
     if params is None:
         return out
-    from oxygen_ros.policy.device import resolve_device, resolve_precision
+    from oxygen_ros.policy.device import choose_precision, resolve_device
 
     device, dtype = str(params.get("device", "auto")), str(params.get("dtype", "auto"))
     try:
@@ -158,9 +158,29 @@ def check_torch(params: dict[str, Any] | None) -> list[Check]:
     status, note = OK, ""
     if dev.type == "cpu" and cuda and available:
         status, note = WARN, " (a GPU is there: device:=auto or cuda would use it)"
-    out.append(Check("device", status, f"device={device} dtype={dtype} -> {dev}, {str(compute).replace('torch.', '')}"
-                     f" ({resolve_precision(dev, dtype)}){note}", "set device:=cuda in the preset" if note else ""))
+    framework, checkpoint_dtype = _checkpoint_framework(params)
+    choice = choose_precision(dev, dtype, framework, checkpoint_dtype)
+    out.append(Check("device", status, f"device={device} dtype={dtype} -> {dev}, {choice.describe()}{note}",
+                     "set device:=cuda in the preset" if note else ""))
     return out
+
+
+def _checkpoint_framework(params: dict[str, Any]) -> tuple[str | None, str]:
+    """(framework, the dtype its config.json declares) of the preset's checkpoint_path, for ``dtype: auto``'s
+    choice; (None, "") for the embedded model or a checkpoint that cannot be read (check_model says why)."""
+    ckpt = str(params.get("checkpoint_path", "") or "")
+    if not ckpt:
+        return None, ""
+    from oxygen_ros.policy.formats import detect_layout
+    from oxygen_ros.policy.formats.common import read_json
+
+    try:
+        framework = detect_layout(Path(ckpt))
+        config = Path(ckpt) / "config.json"
+        data = read_json(config) if framework == "lerobot" and config.is_file() else {}
+    except Exception:
+        return None, ""
+    return framework, str(data.get("dtype", "float32")) if isinstance(data, dict) and framework == "lerobot" else ""
 
 
 def check_dds() -> list[Check]:

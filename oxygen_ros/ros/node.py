@@ -161,7 +161,7 @@ class OxygenNode(LifecycleNode):
         self._frame_began = 0.0  # time.perf_counter() when the running frame began building its observation
         self._rtc_guided = 0  # chunks real-time chunking guided
         self._rtc_last_guided = False
-        self._guard: ActionGuard | None = None  # limits, ~/enable, ~/halt, the watchdog (README "Safety")
+        self._guard: ActionGuard | None = None  # limits, ~/enable, ~/halt, the watchdog (docs/safety.md)
         self._coverage: CoverageWatch | None = None  # does each published chunk last until the next one?
         self._coverage_note = ""  # the configure-time coverage warning ('' = none)
         self._executed: ExecutedPlanInput | None = None  # rtc.remainder_source executor: the executor's plans
