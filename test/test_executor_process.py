@@ -84,6 +84,12 @@ def outputs_through(pr: ExecutorProbe, t_ns: int) -> list:
     return [m for m in pr.got_outputs() if ns(m.header.stamp) <= t_ns]
 
 
+def start_joints(pr: ExecutorProbe, names: list[str], positions, rate_hz: float = 50.0) -> None:
+    """Stream joint states and wait until the executor has every one (its first setpoint starts from them)."""
+    pr.stream_joints(names, positions, rate_hz=rate_hz)
+    assert pr.wait_for(lambda: int(pr.diagnostic("joint_states.joints", "0")) >= len(names), 15), pr.diagnostics
+
+
 def hold_value(rows: np.ndarray, stamp: int, first: int, tau: int, before: np.ndarray) -> np.ndarray:
     """The timing rule under ``hold``: the row whose due time passed last at ``tau`` (``before`` the first)."""
     step = (tau - stamp) // DT - 1
@@ -98,7 +104,7 @@ def test_setpoints_follow_the_timing_rule_and_executed_carries_the_plan() -> Non
     extrapolated), and no chunk for ``stale_timeout_s`` of simulated time is stale."""
     with sim_executor({"command_rate_hz": 100.0, "interpolation": "hold", "stale_timeout_s": 1.0}) as (proc, pr):
         names = ["b", "a"]  # the chunk's own order: outputs and ~/executed keep it
-        pr.stream_joints(names, [0.0, 0.0])
+        start_joints(pr, names, [0.0, 0.0])
         pr.step(PERIOD, 3)
         assert pr.got_outputs() == [], "a setpoint before any chunk"
         h, first = 8, 2
@@ -147,7 +153,7 @@ def test_interpolation_gives_the_expected_values_on_a_known_chunk(mode: str, rat
     period = round(1e9 / rate)
     with sim_executor({"command_rate_hz": rate, "interpolation": mode}) as (proc, pr):
         names, measured = ["a", "b"], [0.25, -0.5]
-        pr.stream_joints(names, measured)
+        start_joints(pr, names, measured)
         pr.step(period, 2)
         rows = np.array([[1.0, 0.0], [3.0, 1.0], [2.0, -1.0], [2.5, 0.5], [0.0, 0.0]])
         stamp = pr.sim_ns + 100 * MS
@@ -176,7 +182,7 @@ def test_replace_never_uses_a_superseded_chunk_and_aggregate_matches_lerobot() -
         with sim_executor({"command_rate_hz": 100.0, "interpolation": "hold", "switch": switch,
                            "aggregate": "weighted_average"}) as (proc, pr):
             names = ["a"]
-            pr.stream_joints(names, [0.0])
+            start_joints(pr, names, [0.0])
             s = pr.sim_ns + 100 * MS
             a = np.arange(20, dtype=np.float64)[:, None]
             b = 100.0 + np.arange(20, dtype=np.float64)[:, None]
@@ -213,14 +219,14 @@ def test_halt_holds_within_one_period_and_does_not_jump_back() -> None:
             outs = pr.got_outputs()
             return [outs[-1].position[0] if outs else 0.0]
 
-        pr.stream_joints(names, robot, rate_hz=100.0)
+        start_joints(pr, names, robot, rate_hz=100.0)
         pr.publish_chunk(np.linspace(0.0, 1.9, 40)[:, None], pr.sim_ns, DT_S, names)  # 1 /s for 2 s
         assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
-        for _ in range(100):
-            pr.step(PERIOD)
-            if outputs_through(pr, pr.sim_ns)[-1].position[0] > 0.3:
+        for _ in range(100):  # (no setpoint until the executor has a joint state to start from)
+            (e,) = pr.step(PERIOD)
+            if e.setpoint and e.setpoint[0] > 0.3:
                 break
-        moving = outputs_through(pr, pr.sim_ns)[-1].position[0]
+        moving = e.setpoint[0]
         assert moving > 0.3
         pr.halt(True)
         assert pr.wait_diagnostic("halts", "1"), pr.diagnostics
@@ -256,7 +262,7 @@ def test_limits_hold_on_every_setpoint_and_the_first_is_rate_limited() -> None:
     with sim_executor(overrides) as (proc, pr):
         names, measured = ["a", "b"], [0.2, -0.3]
         pr.publish_urdf(URDF)
-        pr.stream_joints(names, measured)
+        start_joints(pr, names, measured)
         assert pr.wait_diagnostic("limits.robot", "executor_test_robot"), pr.diagnostics
         rows = np.array([[1.5, 3.0], [-1.5, -3.0]] * 6)  # far beyond what the limits allow
         pr.publish_chunk(rows, pr.sim_ns, DT_S, names)
@@ -305,7 +311,7 @@ def test_each_output_carries_the_joint_order(output: str, rate: float) -> None:
     overrides = {"command_rate_hz": rate, "interpolation": "hold", "joint_map": ["j_c:wrist"],
                  "output_joints": ["wrist", "j_a", "j_b"]}
     with sim_executor(overrides, output=output) as (proc, pr):
-        pr.stream_joints(["j_a", "j_b", "wrist"], [1.0, 2.0, 3.0])  # the robot's names
+        start_joints(pr, ["j_a", "j_b", "wrist"], [1.0, 2.0, 3.0])  # the robot's names
         pr.publish_chunk(np.tile([1.0, 2.0, 3.0], (10, 1)), pr.sim_ns, DT_S, ["j_a", "j_b", "j_c"])
         assert pr.wait_diagnostic("chunks.used", "1"), pr.diagnostics
         ticks = pr.step(period, 20)

@@ -220,6 +220,7 @@ class ExecutorNode(Node):
             values = {"state": sp.state if sp else "no_tick", "command_rate_hz": f"{self.rate_hz:g}",
                       "output": self.params.output, "switch": self.params.switch,
                       "interpolation": self.params.interpolation, "limits.robot": self._robot or "none",
+                      "joint_states.joints": len(self._joints),
                       **self.streamer.diagnostics(), **self.counts}
         status = DiagnosticStatus(name=f"{self.get_name()}: executor", hardware_id=self.get_fully_qualified_name())
         state = values["state"]

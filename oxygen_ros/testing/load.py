@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,7 +23,9 @@ from pathlib import Path
 __all__ = ["RoundResult", "cpu_hogs", "load_check", "main"]
 
 # each hog spins until its own deadline: a hog outlives a killed parent by at most max_s
-_HOG = "import time\nend = time.monotonic() + {max_s}\nwhile time.monotonic() < end:\n    pass\n"
+# a busy loop that ends after max_s or as soon as its parent is gone (reparented), whichever comes first
+_HOG = ("import os, time\nparent = os.getppid()\nend = time.monotonic() + {max_s}\n"
+        "while time.monotonic() < end and os.getppid() == parent:\n    pass\n")
 
 
 @contextlib.contextmanager
@@ -110,6 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--round-timeout", type=float, default=3600.0, help="seconds before a round is stopped")
     p.add_argument("selection", nargs="+", help="pytest arguments (files, -k ...), after --")
     args = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still ends the hogs (the block's finally)
     if args.hogs < 0 or args.rounds < 1:
         p.error("--hogs must be >= 0 and --rounds >= 1")
     t0 = time.monotonic()
