@@ -31,7 +31,8 @@ from oxygen_ros.ros.params import validate  # noqa: E402
 from oxygen_ros.testing.load import cpu_hogs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-PRESETS = sorted((ROOT / "config").glob("*.yaml"))
+# every node preset (config/executor.yaml is the chunk executor's parameters, not a node preset)
+PRESETS = sorted(p for p in (ROOT / "config").glob("*.yaml") if p.stem != "executor")
 SCORING = ScoringOptions(COMMAND_TOPIC, (), {"subtask": SUBTASK_TOPIC, "narration": NARRATION_TOPIC}, 0.05)
 HANG_S = 0.25  # every frame blocks this long inside the action expert's forward (fault injection ``hang``)
 FRAMES = 12
