@@ -13,6 +13,7 @@ for _name, _logger in logging.root.manager.loggerDict.items():
         _logger.propagate = True
 
 import tempfile  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -25,6 +26,10 @@ from oxygen_ros.engine import Observation, Pi05Config, Pi05Model, get_config  # 
 from oxygen_ros.engine.checkpoint import init_random_weights  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+# every node preset in config/ (executor.yaml holds the chunk executor's parameters, not a node preset)
+NODE_PRESETS = sorted(p for p in (Path(__file__).resolve().parents[1] / "config").glob("*.yaml")
+                      if p.stem != "executor")
 
 
 def make_model(config: Pi05Config | None = None, seed: int = 0, std: float = 0.1) -> Pi05Model:

@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("rosbags", reason="rosbags is not installed")
 pytest.importorskip("sensor_msgs.msg", reason="the ROS 2 message wheels are not installed")
 
+from conftest import NODE_PRESETS  # noqa: E402
+
 from oxygen_ros.evaluation import cli  # noqa: E402
 from oxygen_ros.evaluation.demo_fleet import (  # noqa: E402
     COMMAND_TOPIC,
@@ -31,8 +33,6 @@ from oxygen_ros.ros.params import validate  # noqa: E402
 from oxygen_ros.testing.load import cpu_hogs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-# every node preset (config/executor.yaml is the chunk executor's parameters, not a node preset)
-PRESETS = sorted(p for p in (ROOT / "config").glob("*.yaml") if p.stem != "executor")
 SCORING = ScoringOptions(COMMAND_TOPIC, (), {"subtask": SUBTASK_TOPIC, "narration": NARRATION_TOPIC}, 0.05)
 HANG_S = 0.25  # every frame blocks this long inside the action expert's forward (fault injection ``hang``)
 FRAMES = 12
@@ -66,7 +66,7 @@ def bag(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tabletop_bag(tmp_path_factory.mktemp("determinism") / "bag")
 
 
-@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.stem)
+@pytest.mark.parametrize("preset", NODE_PRESETS, ids=lambda p: p.stem)
 def test_every_preset_evaluates_on_a_deterministic_clock(preset: Path) -> None:
     """No preset's offline run reads the host's clock: RTC's ``auto`` delay gets modeled ages on the bag clock,
     ``k_auto`` the fixed ``k``, ``kernels: auto`` the plain kernels; the live node's parameters stay as shipped."""

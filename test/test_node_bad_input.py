@@ -26,6 +26,7 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 import rclpy  # noqa: E402
 from builtin_interfaces.msg import Time  # noqa: E402
+from conftest import NODE_PRESETS  # noqa: E402
 from rclpy.context import Context  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
@@ -91,7 +92,6 @@ def test_parameter_types_are_coerced_where_unambiguous() -> None:
         validate({**BASE, "joint_names": None})
 
 
-NODE_PRESETS = sorted(p for p in (REPO / "config").glob("*.yaml") if p.stem != "executor")
 
 
 @pytest.mark.parametrize("preset", NODE_PRESETS, ids=lambda p: p.stem)

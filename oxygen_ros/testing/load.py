@@ -22,8 +22,7 @@ from pathlib import Path
 
 __all__ = ["RoundResult", "cpu_hogs", "load_check", "main"]
 
-# each hog spins until its own deadline: a hog outlives a killed parent by at most max_s
-# a busy loop that ends after max_s or as soon as its parent is gone (reparented), whichever comes first
+# a busy loop that ends at its own deadline (max_s) or as soon as its parent is gone (reparented), whichever is first
 _HOG = ("import os, time\nparent = os.getppid()\nend = time.monotonic() + {max_s}\n"
         "while time.monotonic() < end and os.getppid() == parent:\n    pass\n")
 
