@@ -143,3 +143,40 @@ def test_engine_kernels_setting_gives_the_same_actions_and_tokens(tmp_path) -> N
     for how in ("packed", "auto"):
         assert out[how][1] == out["plain"][1] and len(out["plain"][1]) == 1
         assert all((a - b).abs().max() <= 1e-5 for a, b in zip(out[how][0], out["plain"][0], strict=True))
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
+def test_islands_keep_packed_weights_only_where_bit_identical(tmp_path, monkeypatch) -> None:
+    """Under openpi's roundings (``bfloat16_islands``) ``kernels: auto`` checks each stage's packed output against
+    the plain one bit for bit, and the engine's actions stay the eager islands reference's exactly, whatever it keeps.
+    A packed kernel that is one ulp off anywhere is refused for that stage (plain kept, said in the summary)."""
+    from conftest import make_model, make_observation
+
+    from oxygen_ros.engine import kernel_choice
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
+    from oxygen_ros.engine.precision import apply_precision
+    from oxygen_ros.engine.requests import Frame
+
+    model = apply_precision(make_model(seed=5, std=0.3), "bfloat16_islands")
+    obs = make_observation(model.config, prompt_lens=[9], seed=0).to(model.device, model.input_dtype)
+    noise = torch.randn(1, model.config.action_horizon, model.config.action_dim,
+                        generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        reference = model.use_fused(False).sample_actions(obs, noise.clone())[0]
+    model.use_fused(True)
+    engine = build_engine(model, EngineConfig(max_inflight=1, max_new_tokens=4, compile_cache_dir=str(tmp_path)))
+    choice = engine.runner.kernels
+    assert choice.source == "measured" and all(t.identical is not None for t in choice.timings)
+    assert all(t.packed == (t.ratio <= kernel_choice.MARGIN and t.identical) for t in choice.timings)
+    assert torch.equal(engine.step(Frame(obs, [], [noise.clone()])).actions[0], reference.float())
+
+    original = PackedWeight.apply  # one ulp up on every packed call: never bit-identical
+    monkeypatch.setattr(PackedWeight, "apply", lambda self, x: torch.nextafter(original(self, x), torch.tensor(
+        float("inf"), dtype=x.dtype)))
+    refused = kernel_choice.choose(model, [model.head_parts()], 10, "auto", tmp_path / "other")
+    assert [t.identical for t in refused.timings] == [False, False, False]
+    assert (refused.prefill, refused.decode, refused.denoise) == (False, False, False)
+    assert "NOT bit-identical: plain kept" in refused.summary()
+    monkeypatch.undo()
+    fp32 = kernel_choice.choose(make_model(), [make_model().head_parts()], 10, "auto", tmp_path / "fp32")
+    assert all(t.identical is None for t in fp32.timings)  # float32: speed decides, no bit check

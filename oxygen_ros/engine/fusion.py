@@ -25,6 +25,10 @@ from .packed_linear import PackedWeight, packed_available
 # class (FEW_ROWS or fewer: decode and the action chunk; more: a prefix)
 PACK_MAX_ROWS = 1024
 FEW_ROWS = 64
+# bf16: oneDNN's packed inner product is bit-identical to ATen's bf16 GEMM (both oneDNN, fp32 accumulation) on every
+# row count and pi0.5 shape measured (AMD EPYC, avx512_bf16), and 1.5-1.9x faster at denoise rows; kernel_choice.py
+# checks the identity again on the model before it keeps packed weights for a precision with openpi's roundings
+PACKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
 class PackPolicy:
@@ -65,15 +69,15 @@ class FusedLinear:
         return self._first.data_ptr() == self.weight.data_ptr() and self._first.device == self.weight.device
 
     def pack(self, policy: PackPolicy | None = None) -> None:
-        """Keep a oneDNN-packed copy for the calls ``policy`` names (fp32 on CPU only; ``packed_linear``)."""
+        """Keep a oneDNN-packed copy for the calls ``policy`` names (fp32 or bf16 on CPU only; ``packed_linear``)."""
         w = self.weight
         self.policy = policy or PackPolicy()
-        if w.dtype == torch.float32 and w.device.type == "cpu" and packed_available():
+        if w.dtype in PACKED_DTYPES and w.device.type == "cpu" and packed_available():
             self._packed = PackedWeight(w, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         p = self._packed
-        if (p is None or x.dtype != torch.float32 or not self.policy.uses(x.numel() // x.shape[-1])
+        if (p is None or x.dtype != self.weight.dtype or not self.policy.uses(x.numel() // x.shape[-1])
                 or torch.compiler.is_exporting()):  # an exported step takes the plain weight as an input
             return F.linear(x, self.weight, self.bias)
         return p(x)  # compiled steps too, through the opaque custom op
@@ -127,7 +131,8 @@ class FusedStack:
         return self.cond is not None and self.cond.valid()
 
     def pack(self, few: bool = True, many: bool = True) -> None:
-        """oneDNN-packed copies of the projection matrices, used for CPU fp32 calls of ``few`` / ``many`` rows."""
+        """oneDNN-packed copies of the projection matrices, used for CPU fp32 / bf16 calls of ``few`` / ``many``
+        rows."""
         self.packed = (few, many)
         if self.qkv[0]._packed is not None:  # packed already: only which calls use the copies changes
             self.qkv[0].policy.few, self.qkv[0].policy.many = few, many

@@ -11,7 +11,11 @@ stage is run both ways, on the model itself, and the faster kept:
   denoise   the action heads   the S-step loop of the first head                      the head's (one shape)
 
 Runs alternate plain and packed; the verdict is the median of the paired ratios, and packed is kept only when it
-takes at most ``MARGIN`` of plain's time (plain, the reference kernel, wins ties). A choice is stored in the
+takes at most ``MARGIN`` of plain's time (plain, the reference kernel, wins ties). In a precision with openpi's
+roundings (``bfloat16_islands``, ``bfloat16_lerobot``: the numbers must be openpi's bit for bit) a stage also keeps
+packed weights only where its output equals the plain one bit for bit (KV cache, logits, actions); oneDNN's bf16
+inner product and ATen's bf16 GEMM agree wherever measured, but a host whose ATen bf16 GEMM is not oneDNN's would
+not. A choice is stored in the
 compiled-step cache directory under a key of the sizes, the thread count, the torch version and the CPU, so a later
 configure reads it instead of measuring (about 2 s on ``small``, 0.1 s on ``tiny``).
 """
@@ -30,6 +34,7 @@ from pathlib import Path
 import torch
 
 from .compiled_store import default_cache_dir, digest
+from .fusion import PACKED_DTYPES
 from .kv_cache import KVCache
 from .layers import GemmaStack
 from .observation import Observation
@@ -47,17 +52,19 @@ MIN_PAIRS, MAX_PAIRS = 5, 40
 
 @dataclass(frozen=True)
 class StageTiming:
-    """One stage run both ways: median ms of each and the median of the paired ratios packed / plain."""
+    """One stage run both ways: median ms of each and the median of the paired ratios packed / plain;
+    ``identical``: whether packed gave the plain output bit for bit (checked under openpi's roundings, else None)."""
 
     stage: str
     rows: int
     plain_ms: float
     packed_ms: float
     ratio: float
+    identical: bool | None = None
 
     @property
     def packed(self) -> bool:
-        return self.ratio <= MARGIN
+        return self.ratio <= MARGIN and self.identical is not False
 
 
 @dataclass
@@ -73,8 +80,11 @@ class KernelChoice:
     def summary(self) -> str:
         stages = ", ".join(f"{s} {'packed' if getattr(self, s) else 'plain'}" for s in ("prefill", "decode", "denoise"))
         detail = "; ".join(f"{t.stage} {t.rows} rows: plain {t.plain_ms:.2f} ms, packed {t.packed_ms:.2f} ms "
-                           f"(x{t.ratio:.2f})" for t in self.timings)
+                           f"(x{t.ratio:.2f}{IDENTITY[t.identical]})" for t in self.timings)
         return f"kernels ({self.source}): {stages}" + (f" [{detail}]" if detail else "")
+
+
+IDENTITY = {None: "", True: ", bit-identical", False: ", NOT bit-identical: plain kept"}
 
 
 def time_pair(first: Callable[[], object], second: Callable[[], object]) -> tuple[float, float, float]:
@@ -106,9 +116,18 @@ def synthetic_observation(model, prompt_tokens: int) -> Observation:
                        tokens.to(dev), torch.ones(1, prompt_tokens, dtype=torch.bool, device=dev))
 
 
+def identical(set_packed: Callable[[bool], None], run: Callable[[], object]) -> bool:
+    """Whether ``run`` (returning the tensors it computed) gives the same bits with packed weights as with plain."""
+    set_packed(False)
+    plain = [t.clone() for t in run()]
+    set_packed(True)
+    return all(torch.equal(a, b) for a, b in zip(plain, run(), strict=True))
+
+
 def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[StageTiming]:
     """Run the prefill, one decode step and the denoise loop of ``model`` (random inputs, a scratch cache) with
-    plain and packed weights; leaves the stacks packed for every row class."""
+    plain and packed weights; leaves the stacks packed for every row class. Under openpi's roundings
+    (``model.rounded``) each stage's outputs are also compared bit for bit (:class:`StageTiming` ``identical``)."""
     cfg = model.config
     dev = model.device
     backbone, expert = model.backbone, head.stack
@@ -119,28 +138,40 @@ def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[
     backbone.fused(pack=True)
     expert.fused(pack=True)
 
-    def both(set_packed: Callable[[bool], None], run: Callable[[], object]) -> tuple[float, float, float]:
+    def both(set_packed: Callable[[bool], None], run: Callable[[], object],
+             outputs: Callable[[], list[torch.Tensor]],
+             check_packed: Callable[[bool], None] | None = None) -> tuple[float, float, float, bool | None]:
         def with_kernel(packed: bool) -> Callable[[], object]:
             return lambda: (set_packed(packed), run())
-        return time_pair(with_kernel(False), with_kernel(True))
+        same = identical(check_packed or set_packed, lambda: (run(), outputs())[1]) if model.rounded else None
+        return (*time_pair(with_kernel(False), with_kernel(True)), same)
 
     timings = []
     with torch.no_grad():
         prefix = model.prefill(obs, cache, slice(0, 1))
         rows = int(obs.image_masks.sum()) * cfg.vision.tokens_per_image + prefix_tokens
         timings.append(StageTiming("prefill", rows, *both(
-            lambda on: backbone.fused(pack=(True, on)), lambda: model.prefill(obs, cache, slice(0, 1)))))
+            lambda on: backbone.fused(pack=(True, on)), lambda: model.prefill(obs, cache, slice(0, 1)),
+            lambda: [cache.k[:, 0], cache.v[:, 0]],
+            lambda on: backbone.fused(pack=(on, on)))))  # the bit check: a short prefix is a few-rows call
         for r in range(1, DECODE_ROWS):  # every decode row reads the same prefix
             cache.k[:, r], cache.v[:, r], cache.valid[r] = cache.k[:, 0], cache.v[:, 0], cache.valid[0]
         p = prefix.length
         step = torch.full((DECODE_ROWS,), p, device=dev)
         decode_tokens = torch.arange(3, 3 + DECODE_ROWS, device=dev)
+        logits: list[torch.Tensor] = []
+
+        def decode() -> None:
+            logits[:] = [model.decode_step(cache, slice(0, DECODE_ROWS), decode_tokens,
+                                           prefix.num_valid.expand(DECODE_ROWS), step, p + 1)]
         timings.append(StageTiming("decode", DECODE_ROWS, *both(
-            lambda on: backbone.fused(pack=(on, True)),
-            lambda: model.decode_step(cache, slice(0, DECODE_ROWS), decode_tokens,
-                                      prefix.num_valid.expand(DECODE_ROWS), step, p + 1))))
+            lambda on: backbone.fused(pack=(on, True)), decode, lambda: logits)))
+        actions: list[torch.Tensor] = []
+
+        def denoise() -> None:
+            actions[:] = [model.denoise(prefix, cache, noise, num_steps, head)]
         timings.append(StageTiming("denoise", head.horizon, *both(
-            lambda on: expert.fused(pack=on), lambda: model.denoise(prefix, cache, noise, num_steps, head))))
+            lambda on: expert.fused(pack=on), denoise, lambda: actions)))
     return timings
 
 
@@ -149,7 +180,9 @@ def _key(backbone: GemmaStack, experts: list[GemmaStack], rows: dict[str, int]) 
         g = s.cfg
         return [g.width, g.depth, g.mlp_dim, g.num_heads, g.num_kv_heads, g.head_dim]
 
+    w = backbone.layers[0].mlp.down_proj.weight
     return {"backbone": sizes(backbone), "experts": [sizes(e) for e in experts], "rows": rows,
+            "dtype": str(w.dtype),
             "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": _cpu_name()}
 
 
@@ -165,14 +198,14 @@ def _cpu_name() -> str:
 
 def _applicable(stack: GemmaStack) -> bool:
     w = stack.fused().qkv[0].weight
-    return w.device.type == "cpu" and w.dtype == torch.float32 and packed_available()
+    return w.device.type == "cpu" and w.dtype in PACKED_DTYPES and packed_available()
 
 
 def choose(model, heads: list[HeadParts], num_steps: int, how: str = "auto",
            cache_dir: str | Path | None = None) -> KernelChoice:
     """Decide (``how`` = auto: measure, or read a stored measurement) and apply the kernels of ``model``'s backbone
-    (prefill, decode) and of the action ``heads`` (denoise). Off CPU float32 or without oneDNN every stage stays
-    plain."""
+    (prefill, decode) and of the action ``heads`` (denoise). Off CPU float32 / bfloat16 or without oneDNN every
+    stage stays plain."""
     if how not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {how!r}")
     backbone, experts = model.backbone, [h.stack for h in heads]
@@ -186,6 +219,7 @@ def choose(model, heads: list[HeadParts], num_steps: int, how: str = "auto",
         prefix_tokens = max(1, cfg.max_token_len // 2)
         key = _key(backbone, experts, {"cameras": cfg.num_cameras, "image_tokens": cfg.vision.tokens_per_image,
                                        "prompt": prefix_tokens, "horizon": heads[0].horizon, "steps": num_steps})
+        key["openpi_rounding"] = bool(model.rounded)  # the verdict then includes the bit-identity check
         path = Path(cache_dir) if cache_dir else default_cache_dir()
         path = path / f"kernels-{digest(key)[:20]}.json"
         choice = _read(path, key)

@@ -1,4 +1,4 @@
-"""oneDNN's inner product on weights reordered once (CPU, float32).
+"""oneDNN's inner product on weights reordered once (CPU, float32 or bfloat16).
 
 A decode batch or the action chunk multiplies a few rows by a large weight. oneDNN's ``_linear_pointwise`` on a
 weight reordered ahead of time (``_reorder_linear_weight``) takes the dense input as it is and runs 1.3-2x faster
@@ -31,7 +31,7 @@ def packed_available() -> bool:
 
 
 class PackedWeight:
-    """A [N, K] float32 weight (and bias) reordered for oneDNN: ``pw(x)`` = ``F.linear(x, weight, bias)``.
+    """A [N, K] float32 / bfloat16 weight (and bias) reordered for oneDNN: ``pw(x)`` = ``F.linear(x, weight, bias)``.
 
     ``weight`` itself is kept (not copied) for single rows; the reordered copy is taken now, so load weights
     first (in-place loads afterwards do not reach it)."""

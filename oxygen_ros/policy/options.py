@@ -143,9 +143,10 @@ class RunnerParams:
         "dtype, device, threads and torch version); '' = $XDG_CACHE_HOME/oxygen_ros/compiled "
         "(~/.cache/oxygen_ros/compiled).")
     kernels: str = param('auto',
-        "CPU float32 matrix products per stage (prefill, decode, denoise): auto (oneDNN's packed weights where a "
-        "measurement on this host at configure says they are faster, else MKL's GEMM; stored in "
-        "compile_cache_dir) | plain (MKL everywhere) | packed (oneDNN everywhere).", choices=KERNEL_CHOICES)
+        "CPU float32 / bfloat16 matrix products per stage (prefill, decode, denoise): auto (oneDNN's packed "
+        "weights where a measurement on this host at configure says they are faster and, under "
+        "bfloat16_islands / bfloat16_lerobot, give the plain kernel's bits; else ATen's GEMM; stored in "
+        "compile_cache_dir) | plain (ATen's GEMM everywhere) | packed (oneDNN everywhere).", choices=KERNEL_CHOICES)
     prefill_layout: str = param('auto',
         "The fused prefill's layout: auto (padded under bfloat16_islands / bfloat16_lerobot, where it gives "
         "openpi's numbers bit for bit; compact otherwise) | padded (every camera slot and the padded prompt, as "
