@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from conftest import this_host
 from safetensors.torch import load_file
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
@@ -22,7 +23,6 @@ from oxygen_ros.policy import load_policy
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "lerobot_bf16"
 sys.path.insert(0, str(FIXTURE))
 from measure_noise_floor import SOURCE, bf16_checkpoint, observation  # noqa: E402
-from test_openpi_fixtures import this_host  # noqa: E402
 
 
 def test_lerobot_bf16_checkpoint_gives_lerobots_bf16_chunks(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import this_host
 from safetensors.torch import load_file
 
 from oxygen_ros.policy import RawObservation, SpecOptions, load_policy
@@ -75,22 +76,6 @@ def test_actions_equal_openpi_policy_infer(name: str) -> None:
 
 
 # ------------------------------------------------------------------------------------------ openpi's mixed bf16
-def this_host() -> dict:
-    """This machine as ``make_openpi_fixtures.py`` records the host of ``expected_bf16`` (CPU model, its bf16 / AMX
-    flags, torch and its CPU capability)."""
-    cpu, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not cpu:
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
-            "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
-
-
 def made_here(root: Path) -> bool:
     """Whether this host is the one that made ``root``'s ``expected_bf16`` (then ours must equal it bit for bit)."""
     host = json.loads((root / "expected_bf16.json").read_text())["host"]

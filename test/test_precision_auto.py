@@ -111,7 +111,7 @@ def _lerobot_copy(tmp_path: Path, dtype: str) -> Path:
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_lerobot_checkpoint_auto_follows_its_config_dtype(dtype: str, tmp_path: Path) -> None:
     """config.json ``dtype`` float32 -> float32 (LeRobot's numbers to 1e-4); bfloat16 -> LeRobot's casts, whose
-    actions move by bf16 rounding only (no LeRobot-made bf16 reference exists here: it needs LeRobot's side env)."""
+    actions move by bf16 rounding only (LeRobot's own bf16 chunks, bit for bit: test_lerobot_bf16.py)."""
     torch.set_num_threads(1)
     ckpt = _lerobot_copy(tmp_path, dtype)
     policy = load_policy(ckpt, SpecOptions(tokenizer_path=str(tmp_path / "tokenizer")), precision="auto")
