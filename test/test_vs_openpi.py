@@ -11,6 +11,7 @@ import torch
 from oxygen_ros.bench import vs_openpi
 from oxygen_ros.engine import get_config
 from oxygen_ros.engine.checkpoint import load_checkpoint
+from oxygen_ros.engine.precision import apply_precision
 from oxygen_ros.policy.synthetic import make_random_checkpoint
 
 
@@ -27,7 +28,7 @@ def test_action_path_equals_sample_actions(tmp_path):
     assert obs.image_masks.tolist() == [[True, True, False]]
     reference = load_checkpoint(ckpt).sample_actions(obs, noise.clone(), num_steps=10)[0]
     assert reference.abs().max() > 0.05
-    for variant in ("off", "off:plain", "off:packed", "static"):
+    for variant in ("off", "off:plain", "off:packed", "static", "step/off", "off@compact"):
         stages = {"prefill": [], "denoise": []}
         actions = vs_openpi.ours_runner(load_checkpoint(ckpt), variant, stages)(obs, noise.clone())
         torch.testing.assert_close(actions.reshape(reference.shape), reference, atol=1e-5, rtol=0)
@@ -35,6 +36,33 @@ def test_action_path_equals_sample_actions(tmp_path):
     pobs = vs_openpi.openpi_observation(obs, cfg)
     assert pobs.images["left_wrist_0_rgb"].shape == (1, 3, cfg.vision.image_size, cfg.vision.image_size)
     assert not bool(pobs.image_masks["right_wrist_0_rgb"])
+    unmasked, _ = vs_openpi.make_inputs(cfg, setup="unmasked")
+    assert unmasked.image_masks.tolist() == [[True, True, True]]
+    assert torch.equal(unmasked.images, obs.images) and torch.equal(unmasked.tokens, obs.tokens)
+
+
+def test_islands_default_is_the_padded_eager_reference(tmp_path):
+    """Under --precision bfloat16 our side is the node's default for an openpi checkpoint: bfloat16_islands with the
+    padded prefill, bit for bit the eager islands model (which the fixtures prove equal to openpi's bf16)."""
+    cfg = get_config("tiny", None, camera_names=vs_openpi.OPENPI_SLOTS, action_dim=32, action_horizon=10)
+    ckpt = make_random_checkpoint(tmp_path / "ckpt", "tiny", None, std=0.1, camera_names=vs_openpi.OPENPI_SLOTS,
+                                  action_dim=32, action_horizon=10)
+    obs, noise = vs_openpi.make_inputs(cfg)
+    eager = apply_precision(load_checkpoint(ckpt), "bfloat16_islands").use_fused(False)
+    reference = eager.sample_actions(obs.to(eager.device, eager.input_dtype), noise.clone(), num_steps=10)[0]
+    for variant in ("off", "step/off"):
+        model = apply_precision(load_checkpoint(ckpt), "bfloat16_islands")
+        actions = vs_openpi.ours_runner(model, variant)(obs, noise.clone())
+        assert torch.equal(actions.reshape(reference.shape).float(), reference.float()), variant
+
+
+def test_variant_names():
+    assert vs_openpi.parse_variant("off") == ("off", "auto", "auto", False)
+    assert vs_openpi.parse_variant("step/off:plain@compact") == ("off", "plain", "compact", True)
+    assert vs_openpi.variant_label("oxygen_off") == "`graphs: off`, `kernels: auto` (node default)"
+    assert vs_openpi.variant_label("oxygen_off@compact") == (
+        "`graphs: off`, `kernels: auto`, `prefill_layout: compact`")
+    assert vs_openpi.variant_label("oxygen_step/off").startswith("whole `Engine.step`")
 
 
 def test_plot_writes_png(tmp_path):
@@ -45,5 +73,15 @@ def test_plot_writes_png(tmp_path):
     (tmp_path / "r.json").write_text(json.dumps(record))
     vs_openpi.main(["plot", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png"), "--md", str(tmp_path / "r.md")])
     assert (tmp_path / "r.png").stat().st_size > 1000
-    assert ("| tiny | 1 | 13.0 | nan | `graphs: off`, `kernels: auto` (node default) | 4.6 | 2.90x | - | 1.2e-07 |"
-            in (tmp_path / "r.md").read_text())
+    assert ("| tiny | fp32 | masked | 1 | 13.0 | nan | `graphs: off`, `kernels: auto` (node default) | 4.6 | 2.90x | "
+            "- | 1.2e-07 |" in (tmp_path / "r.md").read_text())
+    bf16 = dict(record, precision="bfloat16", setup="unmasked", openpi_compile_mode="max-autotune",
+                median_ms={"openpi_eager": 30.0, "openpi_compiled": 20.0, "oxygen_off": 10.0},
+                paired_median_ratio_openpi_over_ours={"openpi_eager/oxygen_off": 3.0,
+                                                      "openpi_compiled/oxygen_off": 2.0},
+                max_abs_vs_openpi_eager={"openpi_eager": 0.0, "openpi_compiled": 0.01, "oxygen_off": 0.0})
+    (tmp_path / "b.json").write_text(json.dumps(bf16))
+    vs_openpi.main(["plot", str(tmp_path / "r.json"), str(tmp_path / "b.json"), "--png", str(tmp_path / "b.png"),
+                    "--md", str(tmp_path / "b.md")])
+    assert ("| tiny | bf16 (ours: islands) | unmasked | 1 | 30.0 | 20.0 | `graphs: off`, `kernels: auto` "
+            "(node default) | 10.0 | 3.00x | **2.00x** | 0 (bit-identical) |" in (tmp_path / "b.md").read_text())

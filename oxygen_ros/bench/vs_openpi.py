@@ -8,13 +8,24 @@
 
 It writes a random ``config``-sized pi0.5 in openpi's checkpoint layout (our ``save_checkpoint``), loads it in
 openpi's ``PI0Pytorch`` (``safetensors.torch.load_model``, strict, as ``create_trained_policy`` does) and in
-oxygen_ros (``load_checkpoint``), checks that every variant's actions agree with openpi eager (fp32), then times the
+oxygen_ros (``load_checkpoint``), checks that every variant's actions agree with openpi eager, then times the
 action path (prefill + denoise, batch 1) of every variant in rounds of shuffled order. ``plot`` (the project's venv,
-which has matplotlib) turns the JSON files into one PNG.
+which has matplotlib) turns the JSON files into one PNG and a markdown table.
+
+``--precision``:
+
+- ``float32``: openpi in fp32 (patch P2) against our fp32 engine.
+- ``bfloat16``: what ``create_trained_policy`` gives an openpi user: its mixed bf16
+  (``to_bfloat16_for_selected_params("bfloat16")`` after the strict load), eager and ``max-autotune`` compiled,
+  against the node's default for an openpi checkpoint, ``bfloat16_islands`` (``dtype: auto``), whose fused prefill
+  keeps openpi's padded layout; ``@compact`` variants run the compacting layout instead.
+
+``--setup``: ``masked`` (3 camera slots, the third masked as openpi does for LIBERO and DROID) or ``unmasked``
+(all 3 valid). The prompt is padded to ``max_token_len`` in both.
 
 openpi runs with the patches of ``test/fixtures/openpi/make_openpi_fixtures.py`` that apply to a bare model (P0
-lerobot stub, P1 sizes, P2 fp32), plus one more: its observation preprocessing is told the image size of the
-checkpoint (``image_resolution``), instead of resizing every image to 224.
+lerobot stub, P1 sizes, P2 fp32 under ``--precision float32`` only), plus one more: its observation preprocessing is
+told the image size of the checkpoint (``image_resolution``), instead of resizing every image to 224.
 """
 
 from __future__ import annotations
@@ -48,8 +59,9 @@ def _stub_lerobot() -> None:
             sys.modules[name] = module
 
 
-def build_openpi(cfg, compile_mode: str | None):
-    """openpi's PI0Pytorch at ``cfg``'s sizes (oxygen_ros Pi05Config), fp32, optionally ``torch.compile``d."""
+def build_openpi(cfg, compile_mode: str | None, precision: str = "float32"):
+    """openpi's PI0Pytorch at ``cfg``'s sizes (oxygen_ros Pi05Config) in ``precision`` (``float32``: patch P2;
+    ``bfloat16``: openpi's own mixed bf16, as its constructor applies it), optionally ``torch.compile``d."""
     _stub_lerobot()
     import openpi.models.gemma as gemma
     import openpi.models.pi0_config as pi0_config
@@ -93,8 +105,8 @@ def build_openpi(cfg, compile_mode: str | None):
     expert_model = gemma_pytorch.PaliGemmaWithExpertModel
     orig_prec = getattr(gemma_pytorch, "_orig_prec", expert_model.to_bfloat16_for_selected_params)
     gemma_pytorch._orig_prec = orig_prec
-    expert_model.to_bfloat16_for_selected_params = (
-        lambda self, precision="bfloat16": orig_prec(self, "float32"))  # P2
+    forced = precision  # P2 under float32; bfloat16 is openpi's own (Pi0Config.dtype and create_trained_policy)
+    expert_model.to_bfloat16_for_selected_params = lambda self, precision="bfloat16": orig_prec(self, forced)
     # the checkpoint's image size, not 224 (openpi would resize our 84x84 images)
     pi0_pytorch._preprocessing = types.SimpleNamespace(preprocess_observation_pytorch=functools.partial(
         preprocessing.preprocess_observation_pytorch, image_resolution=(v.image_size, v.image_size)))
@@ -114,8 +126,11 @@ def openpi_observation(obs, cfg):
 
 
 # ------------------------------------------------------------------------------------------------------ our side
-def make_inputs(cfg, seed: int = 0):
-    """One observation (3 cameras, the last masked out as openpi does for LIBERO) and its noise."""
+SETUPS = {"masked": [[True, True, False]], "unmasked": [[True, True, True]]}  # --setup -> image_masks
+
+
+def make_inputs(cfg, seed: int = 0, setup: str = "masked"):
+    """One observation (3 cameras; ``masked``: the last masked out as openpi does for LIBERO) and its noise."""
     from oxygen_ros.engine.observation import Observation
 
     g = torch.Generator().manual_seed(seed)
@@ -125,26 +140,45 @@ def make_inputs(cfg, seed: int = 0):
     tokens[0, :n_tokens] = torch.randint(3, cfg.vocab_size, (n_tokens,), generator=g)
     tokens[0, 0] = 2
     obs = Observation(images=torch.rand(1, 3, 3, size, size, generator=g) * 2 - 1,
-                      image_masks=torch.tensor([[True, True, False]]), tokens=tokens,
+                      image_masks=torch.tensor(SETUPS[setup]), tokens=tokens,
                       token_mask=torch.arange(cfg.max_token_len)[None] < n_tokens)
     noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, generator=g)
     return obs, noise
 
 
-def ours_runner(model, variant: str, stages: dict[str, list[float]] | None = None):
-    """The engine's model runner for ``variant`` = ``GRAPHS[:KERNELS]`` (the node's default: ``off``, kernels
-    ``auto``; ``off:plain`` is the plain fused path), batch-1 action path. ``stages``: when given, each call appends
-    its prefill and denoise seconds to ``stages["prefill"]`` / ``stages["denoise"]``."""
-    from oxygen_ros.engine.engine import EngineConfig, build_engine
+def parse_variant(variant: str) -> tuple[str, str, str, bool]:
+    """``[step/]GRAPHS[:KERNELS][@LAYOUT]`` -> (graphs, kernels, prefill layout, whole ``Engine.step``)."""
+    step = variant.startswith("step/")
+    rest, _, layout = variant.removeprefix("step/").partition("@")
+    graphs, _, kernels = rest.partition(":")
+    return graphs, kernels or "auto", layout or "auto", step
 
-    graphs, _, kernels = variant.partition(":")
+
+def ours_runner(model, variant: str, stages: dict[str, list[float]] | None = None):
+    """The engine's batch-1 action path for ``variant`` = ``[step/]GRAPHS[:KERNELS][@LAYOUT]``: the node's default
+    is ``off`` (kernels ``auto``, prefill layout ``auto``: padded under ``bfloat16_islands``); ``off:plain`` is the
+    plain fused path, ``off@compact`` the compacting prefill; ``step/off`` times the whole ``Engine.step`` of an
+    action-only frame (what the node calls each tick) instead of the runner's prefill + denoise. ``stages``: when
+    given, each call appends its prefill and denoise seconds to ``stages["prefill"]`` / ``stages["denoise"]``."""
+    from oxygen_ros.engine.engine import EngineConfig, build_engine
+    from oxygen_ros.engine.requests import Frame
+
+    graphs, kernels, layout, whole_step = parse_variant(variant)
     # the node's engine build: kernels chosen, compiled steps warmed up, graph stages chosen (a 2-slot pool)
-    runner = build_engine(model, EngineConfig(num_steps=10, graphs=graphs, max_new_tokens=8, max_inflight=1,
-                                              kernels=kernels or "auto")).runner
+    engine = build_engine(model, EngineConfig(num_steps=10, graphs=graphs, max_new_tokens=8, max_inflight=1,
+                                              kernels=kernels, prefill_layout=layout))
+    runner = engine.runner
     if runner.kernels is not None:
         print(f"oxygen_{variant}: {runner.kernels.summary()}", flush=True)
     if runner.graphs is not None:
         print(f"oxygen_{variant}: graph stages {runner.graph_stages}", flush=True)
+
+    def step(obs, noise):
+        result = engine.step(Frame(obs, [], [noise]))
+        if stages is not None:
+            stages["prefill"].append(result.timings["prefill"])
+            stages["denoise"].append(result.timings["denoise"])
+        return result.actions[0]
 
     def act(obs, noise):
         t0 = time.perf_counter()
@@ -155,7 +189,7 @@ def ours_runner(model, variant: str, stages: dict[str, list[float]] | None = Non
             stages["prefill"].append(t1 - t0)
             stages["denoise"].append(time.perf_counter() - t1)
         return out
-    return act
+    return step if whole_step else act
 
 
 def add_expert_lm_head(weights: Path, cfg) -> None:
@@ -171,9 +205,14 @@ def add_expert_lm_head(weights: Path, cfg) -> None:
 def run(args: argparse.Namespace) -> None:
     from safetensors.torch import load_model
 
+    from oxygen_ros.bench.prefill_layout import cpu_name
     from oxygen_ros.engine import get_config
     from oxygen_ros.engine.checkpoint import load_checkpoint
+    from oxygen_ros.engine.precision import apply_precision
     from oxygen_ros.policy.synthetic import make_random_checkpoint
+
+    ours_precision = {"float32": "float32", "bfloat16": "bfloat16_islands"}[args.precision]  # the node's dtype: auto
+    tolerance = args.tolerance if args.tolerance is not None else {"float32": 1e-4, "bfloat16": 0.1}[args.precision]
 
     torch.set_num_threads(args.threads)
     uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
@@ -182,7 +221,7 @@ def run(args: argparse.Namespace) -> None:
     make_random_checkpoint(ckpt, args.config, None, seed=args.seed, std=args.std, camera_names=OPENPI_SLOTS,
                            action_dim=32, action_horizon=10)
     add_expert_lm_head(ckpt / "model.safetensors", cfg)
-    obs, noise = make_inputs(cfg, args.seed)
+    obs, noise = make_inputs(cfg, args.seed, args.setup)
     pobs = openpi_observation(obs, cfg)
 
     variants = {}
@@ -190,14 +229,18 @@ def run(args: argparse.Namespace) -> None:
     if args.openpi_compile != "none":
         compile_modes["openpi_compiled"] = args.openpi_compile
     for name, mode in compile_modes.items():
-        model = build_openpi(cfg, mode)
+        model = build_openpi(cfg, mode, args.precision)
         load_model(model, str(ckpt / "model.safetensors"))  # strict, as openpi's load_pytorch
-        model = model.to(torch.float32).eval()
+        if args.precision == "bfloat16":  # create_trained_policy, after load_pytorch
+            model.paligemma_with_expert.to_bfloat16_for_selected_params("bfloat16")
+        else:
+            model = model.to(torch.float32)
+        model = model.eval()
         variants[name] = (lambda m: lambda o, n: m.sample_actions("cpu", o, noise=n, num_steps=10))(model)
     build_s = {}  # our graphs' build (compile: every step compiled in warm_up), before the first call
     stage_times: dict[str, dict[str, list[float]]] = {}
     for variant in args.ours:
-        model = load_checkpoint(ckpt)
+        model = apply_precision(load_checkpoint(ckpt), ours_precision)
         t0 = time.perf_counter()
         stage_times[f"oxygen_{variant}"] = {"prefill": [], "denoise": []}
         variants[f"oxygen_{variant}"] = ours_runner(model, variant, stage_times[f"oxygen_{variant}"])
@@ -214,8 +257,8 @@ def run(args: argparse.Namespace) -> None:
     ref = outputs["openpi_eager"]
     max_abs = {name: float((o - ref).abs().max()) for name, o in outputs.items()}
     print("max |actions - openpi eager|:", max_abs, flush=True)
-    if max(max_abs.values()) > args.tolerance:
-        raise SystemExit(f"actions disagree beyond {args.tolerance}: {max_abs}")
+    if max(max_abs.values()) > tolerance:
+        raise SystemExit(f"actions disagree beyond {tolerance}: {max_abs}")
 
     names = list(variants)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -241,13 +284,17 @@ def run(args: argparse.Namespace) -> None:
             per_round = [a / b for a, b in zip(times[base], times[n], strict=True)]
             ratios[f"{base}/{n}"] = statistics.median(per_round)
     record = {
-        "config": args.config, "threads": args.threads, "batch": 1, "num_steps": 10, "dtype": "float32",
+        "config": args.config, "threads": args.threads, "batch": 1, "num_steps": 10, "precision": args.precision,
+        "oxygen_precision": ours_precision, "setup": args.setup, "image_masks": SETUPS[args.setup][0],
         "model": {"camera_slots": list(OPENPI_SLOTS), "image_size": cfg.vision.image_size,
                   "max_token_len": cfg.max_token_len, "action_horizon": 10, "action_dim": 32,
                   "params": sum(p.numel() for p in load_checkpoint(ckpt).parameters())},
         "openpi_compile_mode": args.openpi_compile, "rounds": args.rounds, "warmup": args.warmup,
-        "max_abs_vs_openpi_eager": max_abs, "actions_abs_max": float(ref.abs().max()),
-        "actions_std": float(ref.std()), "host": {"processor": platform.processor(), "cpus": os.cpu_count()},
+        "max_abs_vs_openpi_eager": max_abs, "tolerance": tolerance,
+        "bit_identical_to_openpi_eager": {n: v == 0.0 for n, v in max_abs.items()},
+        "actions_abs_max": float(ref.abs().max()),
+        "actions_std": float(ref.std()),
+        "host": {"processor": platform.processor(), "cpu": cpu_name(), "cpus": os.cpu_count()},
         "first_call_s": first_call_s, "oxygen_build_s": build_s, "median_ms": median_ms,
         "oxygen_stage_median_ms": stage_median_ms,
         "paired_median_ratio_openpi_over_ours": ratios, "times_s": times, "torch": torch.__version__,
@@ -259,6 +306,11 @@ def run(args: argparse.Namespace) -> None:
     print(json.dumps({k: record[k] for k in ("median_ms", "paired_median_ratio_openpi_over_ours")}, indent=1))
 
 
+def record_precision(rec: dict) -> str:
+    """``float32`` / ``bfloat16`` (records from before ``--precision`` were fp32)."""
+    return rec.get("precision", rec.get("dtype", "float32"))
+
+
 def plot(args: argparse.Namespace) -> None:
     import matplotlib
 
@@ -266,14 +318,19 @@ def plot(args: argparse.Namespace) -> None:
     import matplotlib.pyplot as plt
 
     records = [json.loads(Path(p).read_text()) for p in args.inputs]
-    fig, axes = plt.subplots(1, len(records), figsize=(5.5 * len(records), 4), squeeze=False)
-    for ax, rec in zip(axes[0], records, strict=True):
+    cols = min(3, len(records))
+    rows = -(-len(records) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6 * cols, 3.6 * rows), squeeze=False)
+    for ax in axes.flat[len(records):]:
+        ax.set_visible(False)
+    for ax, rec in zip(axes.flat, records, strict=False):
         names = list(rec["median_ms"])
         ax.barh(names, [rec["median_ms"][n] for n in names],
                 color=["tab:gray" if n.startswith("openpi") else "tab:blue" for n in names])
         ax.invert_yaxis()
         ax.set_xlabel("action path, median ms (prefill + 10 denoise steps, batch 1)")
-        ax.set_title(f"{rec['config']}, {rec['threads']} thread(s), openpi compile: {rec['openpi_compile_mode']}")
+        ax.set_title(f"{rec['config']} {record_precision(rec)}, {rec.get('setup', 'masked')} camera, "
+                     f"{rec['threads']} thread(s), openpi compile: {rec['openpi_compile_mode']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(args.png, dpi=110)
     print("wrote", args.png)
@@ -283,28 +340,36 @@ def plot(args: argparse.Namespace) -> None:
 
 
 def variant_label(name: str) -> str:
-    """``oxygen_off`` -> "the node's default (`graphs: off`, `kernels: auto`)" and so on."""
-    graphs, _, kernels = name.removeprefix("oxygen_").partition(":")
-    label = f"`graphs: {graphs}`, `kernels: {kernels or 'auto'}`"
-    return label + (" (node default)" if (graphs, kernels) == ("off", "") else "")
+    """``oxygen_off`` -> "`graphs: off`, `kernels: auto` (node default)"; ``oxygen_step/off@compact`` -> "whole
+    `Engine.step`, `graphs: off`, `kernels: auto`, `prefill_layout: compact`"."""
+    graphs, kernels, layout, step = parse_variant(name.removeprefix("oxygen_"))
+    label = f"`graphs: {graphs}`, `kernels: {kernels}`" + (f", `prefill_layout: {layout}`" if layout != "auto" else "")
+    if step:
+        return "whole `Engine.step`, " + label
+    return label + (" (node default)" if (graphs, kernels, layout) == ("off", "auto", "auto") else "")
 
 
 def summary_table(records: list[dict]) -> str:
-    """Markdown: per config x threads x our variant, medians (ours split into prefill + denoise) and the paired
-    ratios (openpi's time over ours)."""
-    lines = ["| config | threads | openpi eager ms | openpi compiled ms | oxygen_ros | ours ms (prefill + denoise) "
-             "| vs openpi eager | vs openpi compiled | max abs diff |", "|---|---|---|---|---|---|---|---|---|"]
+    """Markdown: per config x precision x setup x threads x our variant, medians (ours split into prefill +
+    denoise) and the paired ratios (openpi's time over ours); the largest action difference to openpi eager (0:
+    bit-identical)."""
+    lines = ["| config | precision | camera | threads | openpi eager ms | openpi compiled ms | oxygen_ros "
+             "| ours ms (prefill + denoise) | vs openpi eager | vs openpi compiled | max abs diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rec in records:
         med, ratio = rec["median_ms"], rec["paired_median_ratio_openpi_over_ours"]
         stages = rec.get("oxygen_stage_median_ms", {})
+        precision = {"float32": "fp32", "bfloat16": "bf16 (ours: islands)"}[record_precision(rec)]
         for n in [n for n in med if n.startswith("oxygen")]:
             compiled = ratio.get(f"openpi_compiled/{n}")
             split = f" ({stages[n]['prefill']:.1f} + {stages[n]['denoise']:.1f})" if n in stages else ""
+            diff = rec["max_abs_vs_openpi_eager"][n]
             lines.append(
-                f"| {rec['config']} | {rec['threads']} | {med['openpi_eager']:.1f} | "
-                f"{med.get('openpi_compiled', float('nan')):.1f} | {variant_label(n)} | "
+                f"| {rec['config']} | {precision} | {rec.get('setup', 'masked')} | {rec['threads']} | "
+                f"{med['openpi_eager']:.1f} | {med.get('openpi_compiled', float('nan')):.1f} | {variant_label(n)} | "
                 f"{med[n]:.1f}{split} | {ratio[f'openpi_eager/{n}']:.2f}x | "
-                f"{'-' if compiled is None else f'**{compiled:.2f}x**'} | {rec['max_abs_vs_openpi_eager'][n]:.1e} |")
+                f"{'-' if compiled is None else f'**{compiled:.2f}x**'} | "
+                f"{'0 (bit-identical)' if diff == 0 else f'{diff:.1e}'} |")
     return "\n".join(lines) + "\n"
 
 
@@ -320,10 +385,18 @@ def main(argv: list[str] | None = None) -> None:
     r.add_argument("--std", type=float, default=0.02, help="init scale of the random weights")
     r.add_argument("--openpi-compile", default="max-autotune",
                    help="openpi's torch.compile mode (its default max-autotune; 'default'; 'none')")
-    r.add_argument("--ours", nargs="+", default=["off", "off:plain", "compile"],
-                   help="oxygen_ros variants GRAPHS[:KERNELS] (off = the node's default; off:plain = the plain fused "
-                        "path, every matrix product on MKL)")
-    r.add_argument("--tolerance", type=float, default=1e-4)
+    r.add_argument("--ours", nargs="+", default=["off", "step/off", "off@compact"],
+                   help="oxygen_ros variants [step/]GRAPHS[:KERNELS][@LAYOUT] (off = the node's default; off:plain = "
+                        "the plain fused path, every matrix product on MKL; off@compact = the compacting prefill; "
+                        "step/off = the whole Engine.step of an action-only frame)")
+    r.add_argument("--precision", default="float32", choices=("float32", "bfloat16"),
+                   help="float32: both sides fp32; bfloat16: openpi's create_trained_policy bf16 against the node's "
+                        "default for an openpi checkpoint (bfloat16_islands)")
+    r.add_argument("--setup", default="masked", choices=tuple(SETUPS),
+                   help="masked: the third camera slot masked out (openpi's LIBERO / DROID); unmasked: all valid")
+    r.add_argument("--tolerance", type=float, default=None,
+                   help="largest |actions - openpi eager| accepted before timing (default 1e-4 in float32, 0.1 in "
+                        "bfloat16: the bf16 rounding of a random model, see docs/precision.md)")
     r.add_argument("--out", required=True)
     q = sub.add_parser("plot", help="PNG from run JSON files (the project's venv)")
     q.add_argument("inputs", nargs="+")
