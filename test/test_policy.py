@@ -355,9 +355,11 @@ def test_openpi_quantile_pipeline_by_hand(tiny_openpi: Path) -> None:
     assert policy.tokenizer.decode(prepared.observation.tokens[0].tolist()) == expected
     assert prepared.observation.image_masks.tolist() == [[True, True, False]]
     noise = torch.randn(1, 15, 32, generator=torch.Generator().manual_seed(1))
-    out = policy.model.sample_actions(prepared.observation, noise)[0].numpy().astype(np.float64)
+    out = policy.model.sample_actions(prepared.observation, noise)[0].numpy()  # float32, as openpi's model returns
     a = {k: np.asarray(v) for k, v in stats["actions"].items()}
-    ref = (out[:, :8] + 1.0) / 2.0 * (a["q99"] - a["q01"] + 1e-6) + a["q01"]
+    ref = (out[:, :8] + 1.0) / 2.0 * (a["q99"] - a["q01"] + 1e-6) + a["q01"]  # (x + 1) / 2 stays float32 in numpy
+    assert ref.dtype == np.float64 and not np.array_equal(ref, (out[:, :8].astype(np.float64) + 1.0) / 2.0 * (
+        a["q99"] - a["q01"] + 1e-6) + a["q01"])  # the order matters: casting first moves the actions by an ulp
     np.testing.assert_array_equal(policy.infer(raw, noise), ref)
 
 

@@ -146,20 +146,28 @@ class Policy:
     # ------------------------------------------------------------------------------------------ outputs
     def postprocess(self, chunk: np.ndarray | torch.Tensor, prepared: PreparedObservation) -> np.ndarray:
         """Model chunk [H, A] -> robot-unit actions [H, action_dims]: dims kept, unnormalised, deltas made absolute,
-        robot adapter applied; in the framework's precision (LeRobot float32, openpi and ours float64)."""
+        robot adapter applied; in the framework's arithmetic (LeRobot float32; openpi its numpy order on the model's
+        float32 output, returning float64; ours float64)."""
         spec = self.spec
         if isinstance(chunk, torch.Tensor):
             chunk = chunk.detach().float().cpu().numpy()
         actions = np.asarray(chunk)[..., : spec.action_dims]
-        if spec.framework != "lerobot":
-            actions = actions.astype(np.float64)
-        actions = unnormalize(actions, spec.action_norm)
+        if spec.framework == "openpi":
+            # openpi unnormalises the model's float32 output as it comes: numpy keeps ``(x + 1) / 2`` in float32
+            # before the float64 statistics promote it, so casting first would move its actions by ~1e-7
+            actions = np.asarray(unnormalize(actions, spec.action_norm), dtype=np.float64)
+        else:
+            actions = unnormalize(actions if spec.framework == "lerobot" else actions.astype(np.float64),
+                                  spec.action_norm)
         if any(spec.delta_mask):
             mask = np.zeros(spec.action_dims, dtype=bool)
             mask[: len(spec.delta_mask)] = spec.delta_mask[: spec.action_dims]
             ref = np.zeros(spec.action_dims, dtype=actions.dtype)
-            n = min(spec.action_dims, prepared.reference_state.shape[0])
-            ref[:n] = prepared.reference_state[:n]
+            state = prepared.reference_state
+            if spec.framework == "openpi":  # openpi adds the state its output transforms unnormalised back
+                state = np.asarray(unnormalize(prepared.normalized_state, spec.state_norm))
+            n = min(spec.action_dims, state.shape[0])
+            ref[:n] = state[:n]
             actions = actions + np.where(mask, ref, 0).astype(actions.dtype)
         return encode_actions(np.array(actions), spec.robot_adapter)
 
