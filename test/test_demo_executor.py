@@ -23,15 +23,26 @@ pytestmark = [pytest.mark.ros, pytest.mark.slow]
 DOMAIN = 20 + (os.getpid() * 23 + 13) % 100
 
 
+def enough(s: dict) -> bool:
+    """What the test checks: a task done and 500 setpoints taken from the stream. On a quiet host 20 s give them; on a
+    busy 2-core one the executor's Python timer runs below 100 Hz and the node's latency eats more of each 8-action
+    chunk (the executor holds in between), so the run goes on until they are in (CI saw 410 in 20 s)."""
+    return s["tasks_completed"] >= 1 and s.get("setpoints", 0) > 500 and s["frames"] >= 50
+
+
 def test_demo_completes_tasks_through_the_executor() -> None:
     console = Console(file=io.StringIO(), width=140)
-    summary = run_demo(duration=20.0, domain_id=DOMAIN, console=console, ask_every_s=0.0, executor=True)
+    summary = run_demo(duration=20.0, domain_id=DOMAIN, console=console, ask_every_s=0.0, executor=True,
+                       until=enough, max_duration=90.0)
     log = console.file.getvalue()
     assert summary.node_exit_code == 0 and summary.executor_exit_code == 0, log
     assert summary.tasks_completed >= 1, log
-    assert summary.setpoints > 500, log  # the simulator followed the executor's stream (20 s at 20 Hz steps)
+    assert summary.setpoints > 500, log  # the simulator followed the executor's stream (it executes no chunk)
     e = summary.executor
-    assert float(e["command_rate_hz"]) == 100 and int(e["setpoints"]) > 1000 and int(e["chunks.used"]) > 20, e
+    assert float(e["command_rate_hz"]) == 100 and int(e["chunks.used"]) > 20, e
+    # the simulator's setpoints came from the executor: its last 1 Hz /diagnostics (at most a second behind at the
+    # command rate) already counted most of them
+    assert int(e["setpoints"]) >= summary.setpoints - int(float(e["command_rate_hz"])), e
     assert summary.diagnostics.get("rtc_remainder_source") == "executor", summary.diagnostics
     assert int(summary.diagnostics.get("rtc_remainders_executor", 0)) > 10, summary.diagnostics
     print_summary(summary, console)
