@@ -128,3 +128,8 @@ def this_host() -> dict:
         pass
     return {"cpu": cpu, "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
             "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def made_on_this_host(host: dict) -> bool:
+    """Whether a fixture's recorded ``host`` (:func:`this_host`'s fields) is this machine: then its bits reproduce."""
+    return all(host.get(k) == v for k, v in this_host().items())

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import this_host
+from conftest import made_on_this_host
 from safetensors.torch import load_file
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
@@ -33,7 +33,7 @@ def test_lerobot_bf16_checkpoint_gives_lerobots_bf16_chunks(tmp_path: Path) -> N
     want = load_file(str(FIXTURE / "expected_bf16.safetensors"))
     made = json.loads((FIXTURE / "expected_bf16.json").read_text())
     floor = json.loads((FIXTURE / "noise_floor.json").read_text())["noise_floor"]
-    exact = all(made["host"].get(k) == v for k, v in this_host().items())
+    exact = made_on_this_host(made["host"])
 
     policy = load_policy(bf16_checkpoint(tmp_path), precision="auto")
     assert policy.precision.precision == "bfloat16_lerobot" and "config.json dtype bfloat16" in policy.precision.reason

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import this_host
+from conftest import made_on_this_host
 from safetensors.torch import load_file
 
 from oxygen_ros.policy import RawObservation, SpecOptions, load_policy
@@ -82,22 +82,16 @@ def bf16_reference(root: Path) -> tuple[Path, bool]:
     an Intel Xeon with AMX) and False. ``expected_bf16.amd_epyc.*`` was made by the same generator
     (``--bf16-only``) on the AMD EPYC (avx512_bf16) hosts."""
     for meta in [root / "expected_bf16.json", *sorted(root.glob("expected_bf16.*.json"))]:
-        host = json.loads(meta.read_text())["host"]
-        if all(host.get(k) == v for k, v in this_host().items()):
+        if made_on_this_host(json.loads(meta.read_text())["host"]):
             return meta.with_suffix(".safetensors"), True
     return root / "expected_bf16.safetensors", False
-
-
-def made_here(root: Path) -> bool:
-    """Whether openpi's bf16 results were made on this host (for some ``expected_bf16[.HOST]``)."""
-    return bf16_reference(root)[1]
 
 
 @pytest.mark.parametrize("name", sorted(ROBOTS))
 def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
     """``bfloat16_islands`` against openpi's own mixed-bf16 ``Policy.infer`` (``expected_bf16``: the same checkpoint,
     inputs and noise), eager, fused and through the engine's static graphs. On the host that made the fixture
-    (:func:`made_here`) they are bit-identical; elsewhere the tolerance is twice our measured bf16 noise floor
+    (:func:`bf16_reference`) they are bit-identical; elsewhere the tolerance is twice our measured bf16 noise floor
     (``noise_floor_bf16.json``: the largest move of our actions when only the order of reductions changes, e.g.
     another CPU's GEMM kernels), tight enough to tell openpi's float32 result from its bf16 one. Everywhere the fused
     path keeps openpi's padded prefill layout by default and equals our eager reference bit for bit (the compacted
@@ -112,9 +106,9 @@ def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
     model = policy.model
     assert model.rounded and model.input_dtype == torch.float32 and model.rope_freq_dtype == torch.bfloat16
     assert not model.compacts() and model.compacts("compact")  # openpi's padded layout unless asked otherwise
-    exact = made_here(root)
+    reference, exact = bf16_reference(root)
     inputs = load_file(str(root / "inputs.safetensors"))
-    e16, e32 = load_file(str(bf16_reference(root)[0])), load_file(str(root / "expected.safetensors"))
+    e16, e32 = load_file(str(reference)), load_file(str(root / "expected.safetensors"))
     meta = json.loads((root / "inputs.json").read_text())
     floor = json.loads((FIXTURES / "noise_floor_bf16.json").read_text())["fixtures"][name]["noise_floor"]
     tolerance = 2 * floor
@@ -159,9 +153,9 @@ def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) ->
     engine = build_engine(policy.model, EngineConfig(graphs="aot", graph_stages="all", max_inflight=1,
                                                      max_new_tokens=4, compile_cache_dir=str(tmp_path)))
     assert engine.graphs_backend == "aot"
-    inputs, e16 = load_file(str(root / "inputs.safetensors")), load_file(str(bf16_reference(root)[0]))
+    reference, exact = bf16_reference(root)
+    inputs, e16 = load_file(str(root / "inputs.safetensors")), load_file(str(reference))
     meta = json.loads((root / "inputs.json").read_text())
-    exact = made_here(root)
     for s in range(meta["samples"]):
         obs = {k.split("/", 1)[1]: v.numpy() for k, v in inputs.items() if k.startswith(f"s{s}/")}
         images, state = ROBOTS[name](obs)

@@ -152,13 +152,13 @@ class Policy:
         if isinstance(chunk, torch.Tensor):
             chunk = chunk.detach().float().cpu().numpy()
         actions = np.asarray(chunk)[..., : spec.action_dims]
+        if spec.framework not in ("lerobot", "openpi"):
+            actions = actions.astype(np.float64)  # ours: float64 throughout; LeRobot: float32 throughout
+        # openpi unnormalises the model's float32 output as it comes: numpy keeps ``(x + 1) / 2`` in float32 before
+        # the float64 statistics promote it (casting first would move its actions by ~1e-7); it returns float64
+        actions = unnormalize(actions, spec.action_norm)
         if spec.framework == "openpi":
-            # openpi unnormalises the model's float32 output as it comes: numpy keeps ``(x + 1) / 2`` in float32
-            # before the float64 statistics promote it, so casting first would move its actions by ~1e-7
-            actions = np.asarray(unnormalize(actions, spec.action_norm), dtype=np.float64)
-        else:
-            actions = unnormalize(actions if spec.framework == "lerobot" else actions.astype(np.float64),
-                                  spec.action_norm)
+            actions = np.asarray(actions, dtype=np.float64)
         if any(spec.delta_mask):
             mask = np.zeros(spec.action_dims, dtype=bool)
             mask[: len(spec.delta_mask)] = spec.delta_mask[: spec.action_dims]
