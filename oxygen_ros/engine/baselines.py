@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
+import torch
 from torch import nn
 
 from .lora import LoraAdapter
@@ -44,6 +45,9 @@ class Worker(Protocol):
 
     def memory_bytes(self) -> int: ...
 
+    @property
+    def device(self) -> torch.device: ...
+
     def cancel(self, tag: object) -> bool: ...
 
     def partial(self, tag: object) -> list[int] | None: ...
@@ -65,6 +69,10 @@ class ParallelEngine:
         self.language_worker = language_worker
         self.totals = {"rejected": 0, "dropped": 0, "finished": 0, "tokens": 0, "drafted": 0, "draft_accepted": 0}
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="language-worker")
+        # on CUDA the language worker launches on a stream of its own, so its kernels can overlap the action
+        # worker's (both on the default stream would serialise them); elsewhere None
+        dev = getattr(language_worker, "device", torch.device("cpu"))
+        self.language_stream = torch.cuda.Stream(device=dev) if dev.type == "cuda" else None
 
     @classmethod
     def build(cls, make_engine: Callable[..., Worker], model: Pi05Model, config: EngineConfig,
@@ -121,7 +129,7 @@ class ParallelEngine:
         """The frame's language requests go to the language worker while the action worker prefills and denoises;
         the result merges both (actions from one, language and its timings from the other)."""
         t0 = time.perf_counter()
-        language = self._pool.submit(self.language_worker.step_language, frame)
+        language = self._pool.submit(self._language_step, frame)
         result = self.action_worker.step(dataclasses.replace(frame, requests=[]), on_actions)
         lr = language.result()
         result.finished, result.tokens_generated = lr.finished, lr.tokens_generated
@@ -133,6 +141,14 @@ class ParallelEngine:
         result.timings["frame"] = time.perf_counter() - t0
         result.add_to(self.totals)
         return result
+
+    def _language_step(self, frame: Frame) -> FrameResult:
+        """The language worker's frame, on its own CUDA stream when there is one (the current stream is per
+        thread: set here, in the worker's thread). Its tokens are read on the host, which waits for the stream."""
+        if self.language_stream is None:
+            return self.language_worker.step_language(frame)
+        with torch.cuda.stream(self.language_stream):
+            return self.language_worker.step_language(frame)
 
     def close(self) -> None:
         """Stop the language worker's thread."""

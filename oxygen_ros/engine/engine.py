@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from .baselines import ParallelEngine
@@ -88,6 +89,8 @@ class Engine:
             drafts = LastOutputDrafts()
         self.scheduler = Scheduler(self.config, num_slots, batched=self.spec.batched,
                                    drafts=drafts if self.config.speculate else None)
+        if not self.config.speculate:  # one-token forwards run the static step's bucket (multi-token ones: the span)
+            self.scheduler.forward_rows = self.runner.forward_rows
         self.detokenize = detokenize
         self.frame_index = 0
         self._cancelled: list[FinishedRequest] = []  # cancelled between frames, reported with the next frame
@@ -143,6 +146,11 @@ class Engine:
         """The tokens generated so far by the in-flight request tagged ``tag`` (None: none in flight)."""
         st = self.scheduler.find(tag)
         return None if st is None else list(st.tokens)
+
+    @property
+    def device(self) -> torch.device:
+        """The model's device."""
+        return self.runner.device
 
     @property
     def graphs_backend(self) -> str:
@@ -219,7 +227,7 @@ class Engine:
             if not frame.requests:
                 continue
             self.scheduler.restamp(frame.stamp)
-            with sw("manager"):
+            with sw("manager", sync=False):
                 slot = self.scheduler.alloc()
                 own = self.runner.adopt(prefix, i, slot)
             if self.spec.batched:
@@ -251,7 +259,7 @@ class Engine:
     def _act(self, obs: Observation, noise, run: _FrameRun, rtc: RTCPrefix | None = None) -> tuple[Prefix, int]:
         """Prefill into a free slot, then every action head denoises from it (read-only), the first one guided
         toward ``rtc`` (the previous chunk's remainder) when the engine runs real-time chunking."""
-        with run.sw("manager"):
+        with run.sw("manager", sync=False):
             slot = self.scheduler.alloc()
             guide = self.runner.guide(rtc)
         with run.sw("prefill"):
@@ -289,7 +297,7 @@ class Engine:
             with run.sw("decode"):
                 return self.runner.first_token(prefix)
 
-        with run.sw("manager"):
+        with run.sw("manager", sync=False):
             for src, dst in self.scheduler.admit(requests, prefix, slot, first_token, run.result):
                 self.runner.copy_prefix(src, dst, prefix.length)
 
@@ -300,7 +308,7 @@ class Engine:
         if sched.drafts is not None:
             return self._decode_speculative(run, k)
         while True:
-            with sw("manager"):
+            with sw("manager", sync=False):
                 batch = sched.schedule(k)
                 if batch is None:
                     break
@@ -311,7 +319,7 @@ class Engine:
             with sw("decode"):
                 tokens = self.runner.run_decode(inputs)
             sched.observe(batch, time.perf_counter() - t_step)
-            with sw("manager"):
+            with sw("manager", sync=False):
                 sched.postprocess(batch, tokens, run.result)
 
     def _decode_speculative(self, run: _FrameRun, k: int) -> None:
@@ -319,7 +327,7 @@ class Engine:
         greedily in the same forward (at most k forwards per request and frame, as without drafts)."""
         sched, sw = self.scheduler, run.sw
         while True:
-            with sw("manager"):
+            with sw("manager", sync=False):
                 batch = sched.schedule(k)
                 if batch is None:
                     break
@@ -329,7 +337,7 @@ class Engine:
             with sw("decode"):
                 preds = self.runner.run_decode_multi(inputs)
             sched.observe(batch, time.perf_counter() - t_step)
-            with sw("manager"):
+            with sw("manager", sync=False):
                 self.runner.keep(sched.postprocess_verified(batch, feeds, preds, run.result))
 
     def _finish(self, run: _FrameRun) -> FrameResult:

@@ -62,10 +62,6 @@ class RopeTable:
         return self.cos[positions][:, :, None], self.sin[positions][:, :, None]
 
 
-def rope_tables(model: Pi05Model, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    return RopeTable.get(model, int(positions.max()) + 1).lookup(positions)
-
-
 def additive_mask(mask: torch.Tensor, group: int, dtype: torch.dtype) -> torch.Tensor:
     """bool [B, T, L] -> float [B, 1, group * T, L] (0 / -inf) for queries folded by kv group (``gqa_attention``)."""
     b, t, n = mask.shape
@@ -153,12 +149,13 @@ def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KV
     with ``last`` (a position per row, [B]) only those: [B, 1, W]. The K/V a prefix keeps are every layer's
     projections, so past the last layer's Q/K/V only those rows' attention output and MLP are computed (for
     pi0.5's action path nothing else of the last layer is used; openpi computes it all).
-    ``rope``: a table covering P positions (else one is looked up, which reads the largest position back)."""
+    ``rope``: a table covering P positions (else the model's, grown to P: no host read)."""
     stack = model.backbone
     fs, g = stack.fused(), stack.cfg
     b, p = valid.shape
     positions = valid.cumsum(1) - 1
-    cos, sin = rope_tables(model, positions) if rope is None else rope.lookup(positions)
+    # positions < p: a table of p positions covers them without reading the largest back from the device
+    cos, sin = (RopeTable.get(model, p) if rope is None else rope).lookup(positions)
     group = g.num_heads // g.num_kv_heads
     mask = additive_mask(valid[:, None, :].expand(b, p, p), group, embs.dtype)
     last_mask = None if last is None else additive_mask(valid[:, None, :], group, embs.dtype)
@@ -220,7 +217,7 @@ def denoise(model: Pi05Model, prefix: Prefix, cache: KVCache, noise: torch.Tenso
     rows, p = prefix.rows, prefix.length
     ks, vs = cache.layer_views(rows)
     conds = time_conditioning(model, head, model.denoise_times(num_steps))
-    rope = RopeTable.get(model, int(prefix.num_valid.max()) + head.horizon)
+    rope = RopeTable.get(model, p + head.horizon)  # num_valid <= p: no host read of the largest position
     return denoise_kv(model, head, ks, vs, cache.valid[rows, :p], prefix.num_valid, noise, conds, rope, guide)
 
 
@@ -272,14 +269,16 @@ def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.T
     tokens/positions/write_index are [B, T]: token j of row b has RoPE position positions[b, j] and writes its K/V
     at cache index write_index[b, j] (< attn_len); it attends to the row's valid cache positions in [0, attn_len)
     and to the row's tokens 0..j of this forward. ``cache.valid`` is not changed: the caller marks what it keeps.
-    ``rope``: a table covering every position (else one is looked up, which reads the largest position back);
+    ``rope``: a table covering every position (else the model's table of ``attn_len`` positions: every position
+    must be below ``attn_len``, as a token's position never exceeds its write index);
     ``views``: ``cache.layer_views(rows)``, taken by the caller (a compiled step must not guard on the memo).
     """
     stack = model.backbone
     fs, g = stack.fused(), stack.cfg
     b, t = tokens.shape
     dev = tokens.device
-    cos, sin = rope_tables(model, positions) if rope is None else rope.lookup(positions)
+    # a token's RoPE position never exceeds its write index (< attn_len): no host read of the largest position
+    cos, sin = (RopeTable.get(model, attn_len) if rope is None else rope).lookup(positions)
     slots = torch.arange(attn_len, device=dev)
     new = (slots[None, None, :] == write_index[:, :, None]).cumsum(1) > 0  # [B, T, L]: tokens 0..j of the row
     mask = additive_mask(cache.valid[rows, None, :attn_len] | new, g.num_heads // g.num_kv_heads, model.dtype)

@@ -92,8 +92,9 @@ class _Replay:
 
     def __init__(self, name: str, fn: Callable, args: Sequence[torch.Tensor], backend: str,
                  spec: dict | None = None, weights: StepWeights | None = None,
-                 compile_options: dict | None = None) -> None:
+                 compile_options: dict | None = None, pool: Callable[[], object] | None = None) -> None:
         self.name, self.fn, self.args, self.backend, self.spec = name, fn, list(args), backend, dict(spec or {})
+        self.pool = pool  # cuda: the memory pool shared by the steps of one FrameGraphs (None: a private one)
         self.weights = weights  # what the step reads from the model (the leading inputs of its exported form)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.out: torch.Tensor | None = None
@@ -116,16 +117,24 @@ class _Replay:
         return self.out
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            self.fn(*self.args)  # warm-up (lazy inits, autotuning) outside the capture; idempotent
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        # a private memory pool per graph (its output stays alive, its scratch is its own); thread_local: the
-        # parallel baseline's other worker may launch work meanwhile
-        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
-            self.out = self.fn(*self.args)
+        """Capture on the device of the step's tensors (not the thread's current device, which nothing sets): its
+        side stream, the capture and the replay stream all belong to that device."""
+        dev = self.args[0].device
+        with torch.cuda.device(dev):
+            main = torch.cuda.current_stream(dev)
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(main)
+            with torch.cuda.stream(side):
+                self.fn(*self.args)  # warm-up (lazy inits, autotuning) outside the capture; idempotent
+            main.wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            # one memory pool for every step of the engine (pool()): the steps run one at a time on one stream and
+            # each output is copied out before the next replay, so their scratch (a decode bucket's [b, vocab]
+            # float32 logits) can share memory instead of one pool per bucket. thread_local: the parallel
+            # baseline's other worker may launch work meanwhile
+            with torch.cuda.graph(self.graph, pool=self.pool() if self.pool is not None else None,
+                                  capture_error_mode="thread_local"):
+                self.out = self.fn(*self.args)
 
 
 class FrameGraphs:
@@ -149,6 +158,7 @@ class FrameGraphs:
         self.compile_options = {"emulate_precision_casts": True} if model.rounded else None
         if model.rounded:
             self.options.setdefault("emulate_precision_casts", True)
+        self._pool_handle: object | None = None  # cuda: the graph memory pool the steps share (_pool)
         self.load_report: list[dict] = []  # aot: per step, loaded or built and in how many seconds (warm_up)
         g, dev = model.config.backbone, model.device
         self.prefix_len = model.config.max_prefix_len
@@ -248,7 +258,15 @@ class FrameGraphs:
                                      "path": str(entry.path)})
 
     def _step(self, name: str, fn: Callable, args: list[torch.Tensor], weights: StepWeights, spec: dict) -> _Replay:
-        return _Replay(name, fn, args, self.backend, {"step": name, **spec}, weights, self.compile_options)
+        return _Replay(name, fn, args, self.backend, {"step": name, **spec}, weights, self.compile_options,
+                       self._pool)
+
+    def _pool(self) -> object:
+        """The CUDA graph memory pool every captured step of this engine shares (made on the first capture)."""
+        if self._pool_handle is None:
+            with torch.cuda.device(self.model.device):
+                self._pool_handle = torch.cuda.graph_pool_handle()
+        return self._pool_handle
 
     # ------------------------------------------------------------------------------------------ prefill
     def _prefill_fn(self) -> _Replay:

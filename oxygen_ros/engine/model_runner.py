@@ -86,8 +86,10 @@ class ModelRunner:
         # a decode forward's tokens / positions / write indices, written per row into one persistent host buffer
         # (through its numpy view: no tensor built per forward) and copied to the device once
         self._device = model.device
-        self._host_inputs = torch.zeros(3, num_slots, dtype=torch.long, pin_memory=self._device.type == "cuda")
-        self._host_rows = self._host_inputs.numpy()
+        # flat, so a forward's [3, n] block is one contiguous (pinned, on CUDA) piece: a strided slice of a [3, slots]
+        # buffer would be staged through unpinned memory by every copy
+        self._host_flat = torch.zeros(3 * num_slots, dtype=torch.long, pin_memory=self._device.type == "cuda")
+        self._host_numpy = self._host_flat.numpy()
         self._batch_cache: KVCache | None = None  # prefixes of a batched action frame (step_batch), grown on demand
         # which action stages run their graph step (the rest runs the fused eager path): all, until
         # choose_graph_stages measured them
@@ -246,16 +248,18 @@ class ModelRunner:
                 writes[i] = r.prefix_len + r.fed
                 if r.slot in active:
                     tokens[i] = r.next_token
-        buf = self._host_rows  # numpy fills from lists in microseconds; torch.tensor(lists) takes ~100 us
-        buf[0, :n], buf[1, :n], buf[2, :n] = tokens, positions, writes
+        buf = self._host_numpy[:3 * n].reshape(3, n)  # numpy fills from lists in microseconds (torch.tensor: ~100 us)
+        buf[0], buf[1], buf[2] = tokens, positions, writes
         attn_len = max(writes) + 1
         lora = None
         if self.adapter is not None or self.adapters:
             lora = self._lora([self.adapter_of(r.request) if r is not None and r.slot in active else None
                                for r in batch.rows])
-        block = self._host_inputs[:, :n]
+        block = self._host_flat[:3 * n].view(3, n)  # contiguous: pinned memory copies straight to the device
         if lora is not None or self.graphs is None or not self.graphs.covers(batch.slots):
-            block = block.to(self._device, copy=True)  # eager: a device copy (the buffer is reused next forward)
+            # eager: a device copy, asynchronous from pinned memory: the forward's own host read (run_decode's
+            # tolist) waits for it before the next prepare_decode rewrites the buffer
+            block = block.to(self._device, copy=True, non_blocking=True)
         # else a static step copies the host block straight into its persistent inputs (run_decode, right away)
         return DecodeInputs(batch.slots, block[0], block[1], block[2], attn_len, lora, block)
 
@@ -292,6 +296,14 @@ class ModelRunner:
         """Mark the kept positions ``(slot, first write index, count)`` of a multi-token forward valid."""
         for slot, start, count in kept:
             self.cache.valid[slot, start:start + count] = True
+
+    def forward_rows(self, lo: int, hi: int) -> int:
+        """Rows a one-token decode forward over slots ``[lo, hi)`` runs: the bucket ``[0, b)`` covering them when
+        a static step runs it, else the span (what ``k_auto`` prices a step by; LoRA rows, which run eagerly over
+        their span, are priced as the bucket: an upper bound)."""
+        if self.graphs is None:
+            return hi - lo
+        return self.graphs.decode_bucket(hi)
 
     def static_rows(self, batch: DecodeBatch) -> int | None:
         """The slot count ``[0, n)`` a static decode step would widen ``batch`` to (None: it runs eagerly, as

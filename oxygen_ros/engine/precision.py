@@ -31,9 +31,18 @@ by op:
   RoPE frequencies: ``model.to(bfloat16)`` cast the ``inv_freq`` buffer, which ``load_state_dict`` never reloads).
 
 ``bfloat16`` (plain) keeps SDPA, exact RoPE frequencies and fused multiply-adds: faster, not openpi's numerics.
+
+On CUDA the float32 work also depends on two process-wide torch flags, TF32 in float32 matrix products and in
+cuDNN convolutions (the patch embedding). torch's defaults differ (matmul off, cuDNN on), so each policy sets both
+(:data:`CUDA_MATH`, :func:`apply_cuda_math`) when the model is cast: openpi's ``PI0Pytorch.__init__`` calls
+``torch.set_float32_matmul_precision("high")`` (its fixtures record "high"), LeRobot 0.6.1's ``PI05Policy`` only when
+``compile_model`` is set (eager: torch's defaults), ``float32`` is IEEE float32 throughout. The flags do not change
+float32 results on the CPU (openpi's fixture README: checked on the AMD EPYC host).
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 from torch import nn
@@ -45,6 +54,33 @@ PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torc
                                       "bfloat16_lerobot": torch.bfloat16}
 ROUNDED = ("bfloat16_islands", "bfloat16_lerobot")  # the precisions computed with openpi's roundings
 ISLAND_NAMES = ("action_in_proj", "action_out_proj", "time_mlp_in", "time_mlp_out")
+# per policy: TF32 in CUDA float32 matrix products (torch.backends.cuda.matmul.allow_tf32) and in cuDNN convolutions
+# (torch.backends.cudnn.allow_tf32), as the framework whose numerics the policy reproduces leaves them
+CUDA_MATH: dict[str, dict[str, bool]] = {
+    "float32": {"matmul_tf32": False, "cudnn_tf32": False},  # IEEE float32 everywhere (the CPU reference's)
+    "bfloat16_islands": {"matmul_tf32": True, "cudnn_tf32": True},  # openpi: matmul precision "high"
+    "bfloat16_lerobot": {"matmul_tf32": False, "cudnn_tf32": True},  # LeRobot eager: torch's defaults
+    "bfloat16": {"matmul_tf32": True, "cudnn_tf32": True},  # speed: only small float32 ops are left
+    "float16": {"matmul_tf32": True, "cudnn_tf32": True},
+}
+log = logging.getLogger(__name__)
+
+
+def apply_cuda_math(precision: str) -> dict[str, bool]:
+    """Set the process-wide CUDA TF32 flags for ``precision`` (:data:`CUDA_MATH`); returns what was set, for the
+    configure log. Process-wide: the last model cast decides for every model of the process."""
+    if precision not in CUDA_MATH:
+        raise ValueError(f"precision must be one of {tuple(CUDA_MATH)}, got {precision!r}")
+    math = dict(CUDA_MATH[precision])
+    torch.backends.cuda.matmul.allow_tf32 = math["matmul_tf32"]
+    torch.backends.cudnn.allow_tf32 = math["cudnn_tf32"]
+    return math
+
+
+def cuda_math_state() -> dict[str, bool]:
+    """The CUDA TF32 flags as they are now."""
+    return {"matmul_tf32": bool(torch.backends.cuda.matmul.allow_tf32),
+            "cudnn_tf32": bool(torch.backends.cudnn.allow_tf32)}
 
 
 def exact_islands(model: nn.Module) -> list[nn.Linear]:
@@ -93,4 +129,8 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
     for m in model.modules():
         if hasattr(type(m), "openpi_rounding"):
             m.openpi_rounding = precision in ROUNDED
+    math = apply_cuda_math(precision)
+    model.__dict__["cuda_math"] = math  # what the configure log reports (Policy.precision_line)
+    log.info("precision %s: CUDA TF32 matmul %s, cuDNN conv TF32 %s", precision,
+             "on" if math["matmul_tf32"] else "off", "on" if math["cudnn_tf32"] else "off")
     return model

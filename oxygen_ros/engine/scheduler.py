@@ -77,7 +77,8 @@ class BudgetController:
         return max(left, 0.0)
 
     def budget(self, elapsed_s: float, batch: int, backlog_steps: int, deadline: float | None = None) -> int:
-        """Decode steps for this frame, given the time already spent and the current in-flight batch."""
+        """Decode steps for this frame, given the time already spent and the rows a forward over the in-flight
+        requests runs (``batch``: ``Scheduler.forward_rows``)."""
         if not self.auto:
             return int(self.k)
         cost = self.step_cost(max(batch, 1))
@@ -121,6 +122,9 @@ class Scheduler:
         self.next_request_id = 0
         self._frame: tuple[int, Any, float] = (0, None, 0.0)  # index, stamp, start time of the current frame
         self._allow: dict[int, int] = {}  # request id -> steps this frame, where priorities set them (auto)
+        # rows a decode forward over the slots [lo, hi) really runs: the span eagerly; the engine sets the runner's
+        # (a static / captured step widens it to its bucket [0, b)), so auto prices a step by what it runs
+        self.forward_rows: Callable[[int, int], int] = lambda lo, hi: hi - lo
 
     # ------------------------------------------------------------------------------------------ frames and slots
     def begin_frame(self, index: int, stamp: Any, start_time: float, deadline: float | None = None) -> None:
@@ -253,7 +257,8 @@ class Scheduler:
         reqs = self.inflight
         backlog = max((r.request.total_steps - r.steps for r in reqs), default=0)
         elapsed = time.perf_counter() - self._frame[2]
-        k = self.budget.budget(elapsed, len(reqs), backlog, self._deadline)
+        rows = self.forward_rows(min(r.slot for r in reqs), max(r.slot for r in reqs) + 1) if reqs else 1
+        k = self.budget.budget(elapsed, rows, backlog, self._deadline)
         live = [r for r in reqs if not r.done]
         self._allow = (self._priority_allowances(live, elapsed)
                        if self.budget.auto and len({r.request.priority for r in live}) > 1 else {})
@@ -266,7 +271,7 @@ class Scheduler:
         b = self.budget
 
         def cost(rows: list[RequestState]) -> float | None:
-            return b.step_cost(max(r.slot for r in rows) - min(r.slot for r in rows) + 1)
+            return b.step_cost(self.forward_rows(min(r.slot for r in rows), max(r.slot for r in rows) + 1))
 
         full = cost(reqs)
         if full is None:  # nothing measured yet: k_min for everyone

@@ -9,35 +9,41 @@ import torch
 
 
 def synchronize(device: torch.device | str) -> None:
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
+    """Wait for ``device``'s work (CUDA: that device's, not the thread's current device; elsewhere nothing)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 class Stopwatch:
     """``with sw("denoise"): ...`` accumulates seconds per stage name.
 
     Nested stages are exclusive: time spent in an inner stage is not counted in the outer one, so the stage
-    times of a frame add up to (at most) its wall time.
+    times of a frame add up to (at most) its wall time. ``sw("manager", sync=False)``: a host-only stage does not
+    synchronise the device on entry and exit (its time then excludes nothing the device still runs: the next
+    synchronising stage counts that).
     """
 
     def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = device
         self.times: dict[str, float] = {}
-        self._next = ""
-        self._stack: list[list] = []  # [name, start, time spent in children]
+        self._next, self._sync = "", True
+        self._stack: list[list] = []  # [name, start, time spent in children, sync]
 
-    def __call__(self, name: str) -> Stopwatch:
-        self._next = name
+    def __call__(self, name: str, sync: bool = True) -> Stopwatch:
+        self._next, self._sync = name, sync
         return self
 
     def __enter__(self) -> Stopwatch:
-        synchronize(self.device)
-        self._stack.append([self._next, time.perf_counter(), 0.0])
+        if self._sync:
+            synchronize(self.device)
+        self._stack.append([self._next, time.perf_counter(), 0.0, self._sync])
         return self
 
     def __exit__(self, *exc) -> None:
-        synchronize(self.device)
-        name, start, children = self._stack.pop()
+        name, start, children, sync = self._stack.pop()
+        if sync:
+            synchronize(self.device)
         elapsed = time.perf_counter() - start
         self.times[name] = self.times.get(name, 0.0) + elapsed - children
         if self._stack:

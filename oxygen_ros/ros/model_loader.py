@@ -113,7 +113,11 @@ def load_node_policy(p: NodeParams) -> LoadedPolicy:
         if temp_dir is not None:
             shutil.rmtree(temp_dir, ignore_errors=True)
         raise
-    notes.append(f"precision {policy.precision.describe()}{PRECISION_DETAILS.get(policy.precision.precision, '')}")
+    math = policy.model.__dict__.get("cuda_math")  # the TF32 flags the precision policy set (precision.py)
+    tf32 = "" if math is None or policy.model.device.type != "cuda" else \
+        f"; CUDA TF32 matmul {'on' if math['matmul_tf32'] else 'off'}, conv {'on' if math['cudnn_tf32'] else 'off'}"
+    notes.append(f"precision {policy.precision.describe()}{PRECISION_DETAILS.get(policy.precision.precision, '')}"
+                 f"{tf32}")
     return LoadedPolicy(policy, p, names, source, [spec.summary(), *spec.notes, *notes], temp_dir)
 
 
