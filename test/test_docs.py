@@ -16,8 +16,7 @@ PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # runs/ paths the docs name that are not committed, each with the reason: outputs a command writes when run.
 NOT_COMMITTED = {
     "runs/eval": "the output folder of the example bag-evaluation command",
-    "runs/gpu": "where scripts/gpu_bench.sh writes; no GPU run has been made yet",
-    "runs/gpu/frame_overhead": "where scripts/gpu_bench.sh writes its stage points; no GPU run has been made yet",
+    "runs/gpu": "where scripts/gpu_bench.sh writes by default (a run's results are committed under their own name)",
     "runs/load_check": "the per-round pytest logs of tools/load_check.sh (its summary is in the docs)",
 }
 _FENCE = re.compile(r"^\s*(```|~~~)")

@@ -81,13 +81,14 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
     return time.perf_counter() - t0
 
 
-def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict:
+def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                 floor: bool = True) -> dict:
     """Interleaved timing of ``fns`` (variant -> call) on ``model``, each run with ``model.fused`` set to match
     (only ``eager`` runs unfused). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present;
     ``floor_s`` / ``bound``: the fused stage's compute floor (:func:`compute_floor`, once per round) and the
     median of the paired ratios eager / floor."""
     times: dict[str, list[float]] = {v: [] for v in fns}
-    floors: list[float] = []
+    floors: list[float] | None = [] if floor else None  # floor=False: no profiler sessions
     for rep in range(warmup + repeats):
         for v, fn in fns.items():
             model.use_fused(v != "eager")
@@ -115,13 +116,16 @@ def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats
 
 
 def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decode_context: int = 30,
-                   prompt_len: int | None = None, graphs: str = "off") -> dict:
+                   prompt_len: int | None = None, graphs: str = "off", floor: bool = True,
+                   on_stage: Callable[[str, dict], None] | None = None) -> dict:
     """Fused vs eager per stage: ``{"prefill": .., "denoise": .., "decode_B<b>": ..}`` from :func:`side_by_side`.
 
     ``graphs`` (a ``graphs.py`` backend other than off): every stage also times that backend's static-shape step
     (variant ``graphs``; a decode of B rows runs as the engine would, at the bucket covering B; its first call,
-    which compiles or captures, is the warm-up)."""
+    which compiles or captures, is the warm-up). ``floor``: also each stage's compute floor (profiler sessions);
+    ``on_stage(name, result)``: called as each stage's result exists (the GPU script writes it right away)."""
     cfg, dev = model.config, model.device
+    done = on_stage or (lambda name, r: None)
     obs = dummy_observation(model, 1, prompt_len)
     max_b = max(batches)
     cache = KVCache.for_model(cfg, max_b, extra_tokens=decode_context + 1, dtype=model.dtype, device=dev)
@@ -132,13 +136,15 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
     fns = {v: lambda: model.prefill(obs, cache, rows) for v in VARIANTS}
     if static is not None:
         fns["graphs"] = lambda: static.prefill(obs, 0)
-    res = {"prefill": side_by_side(model, fns, repeats)}
+    res = {"prefill": side_by_side(model, fns, repeats, floor=floor)}
+    done("prefill", res["prefill"])
     prefix = model.prefill(obs, cache, rows)
     noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, device=dev)
     fns = {v: lambda: model.denoise(prefix, cache, noise) for v in VARIANTS}
     if static is not None:
         fns["graphs"] = lambda: static.denoise(prefix, [noise])
-    res["denoise"] = side_by_side(model, fns, repeats)
+    res["denoise"] = side_by_side(model, fns, repeats, floor=floor)
+    done("denoise", res["denoise"])
     cache.k[:, 1:max_b] = cache.k[:, :1]
     cache.v[:, 1:max_b] = cache.v[:, :1]
     cache.valid[1:max_b] = cache.valid[:1]
@@ -156,7 +162,8 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
             n = static.decode_bucket(b)
             wide = torch.stack([torch.cat([x, x[:1].expand(n - b)]) for x in (tokens, pos, idx)]).cpu()
             fns["graphs"] = lambda n=n, wide=wide: static.decode(slice(0, n), wide)  # from the host, as the engine
-        res[f"decode_B{b}"] = side_by_side(model, fns, repeats)
+        res[f"decode_B{b}"] = side_by_side(model, fns, repeats, floor=floor)
         if static is not None:
             res[f"decode_B{b}"]["graphs_bucket"] = n
+        done(f"decode_B{b}", res[f"decode_B{b}"])
     return res
