@@ -62,8 +62,27 @@ def _ieee_fp32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = before["matmul_tf32"], before["cudnn_tf32"]
 
 
+def _heads_and_lora_on(device: torch.device):
+    """test_graphs' extra head and LoRA adapter, moved to ``device`` (they are made on the CPU)."""
+    import test_graphs
+
+    from oxygen_ros.engine.lora import LoraAdapter
+
+    made = test_graphs.make_heads_and_lora
+
+    def on_device(model, *args, **kwargs):
+        heads, lora = made(model, *args, **kwargs)
+        moved = {key: (a.to(device), b.to(device)) for key, (a, b) in lora.weights.items()}
+        return heads.to(device), LoraAdapter(moved, lora.scale, lora.name)
+
+    return on_device
+
+
 @pytest.mark.parametrize("mode", ENGINE_MODES)
-def test_captured_steps_equal_eager_in_every_mode(mode: str) -> None:
+def test_captured_steps_equal_eager_in_every_mode(mode: str, monkeypatch) -> None:
+    import test_graphs
+
+    monkeypatch.setattr(test_graphs, "make_heads_and_lora", _heads_and_lora_on(DEVICE))
     fl = _frames(make_model().config, 7)
     rough, smooth = make_model(seed=5, std=0.3).to(DEVICE), make_model(seed=0, std=0.1).to(DEVICE)
     for name, m in (("rough", rough), ("smooth", smooth)):

@@ -33,7 +33,7 @@ import torch
 
 STAGES = ("default", "headline", "stages", "node", "memory")
 # seconds a stage needs at least (a stage is skipped with less than this left of the whole budget)
-MIN_S = {"default": 20, "headline": 40, "stages": 20, "node": 20, "memory": 20}
+MIN_S = {"default": 15, "headline": 30, "stages": 15, "node": 10, "memory": 10}
 # the paper's RTX 4090 figures (OxyGen, pi0.5 bf16) the summary sets the measured ones beside
 PAPER_4090 = {"prefill_ms": 44.0, "denoise_ms": 20.5, "decode_ms_per_token": 13.1, "speedup_n30_k1": 3.7,
               "action_hz_n30_k1": 70.0, "tokens_per_s_n30_k1": 200.0}
