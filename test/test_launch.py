@@ -528,13 +528,15 @@ def test_checkpoint_path_replaces_the_embedded_model(recorder: Recorder, tmp_pat
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C
-def test_ctrl_c_of_oxygen_launch_exits_0(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["respawn:=true", "respawn_delay:=0.5"]], ids=["plain", "respawn"])
+def test_ctrl_c_of_oxygen_launch_exits_0(tmp_path: Path, extra: list[str]) -> None:
     """`oxygen-launch with_sim:=true` (the launch file found through the ament index, as `ros2 launch` finds it)
-    in a terminal's process group: Ctrl-C (SIGINT to the group) stops node and simulator cleanly, exit code 0."""
+    in a terminal's process group: Ctrl-C (SIGINT to the group) stops node and simulator cleanly, exit code 0; with
+    respawn:=true too (the node, which gets the SIGINT as well, is not restarted during the shutdown)."""
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "oxygen_ros.tools.launch_file", "oxygen_ros",
-                                 "oxygen.launch.py", "with_sim:=true"], stdout=out, stderr=subprocess.STDOUT,
+                                 "oxygen.launch.py", "with_sim:=true", *extra], stdout=out, stderr=subprocess.STDOUT,
                                 cwd=tmp_path, start_new_session=True)
     try:
         assert wait_for(lambda: "active:" in log.read_text(errors="replace") or proc.poll() is not None, 90), \
@@ -546,6 +548,7 @@ def test_ctrl_c_of_oxygen_launch_exits_0(tmp_path: Path) -> None:
         assert time.monotonic() - t0 < 15
         text = log.read_text(errors="replace")
         assert text.count("process has finished cleanly") == 2 and "Traceback" not in text, text
+        assert text.count("process started") == 2, text  # nothing respawned
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
@@ -595,17 +598,20 @@ def test_respawn_after_sigkill(recorder: Recorder, ros_environment: int) -> None
     times: list[float] = []
     try:
         for kill in range(RESPAWN_KILLS):
-            times.append(_kill_and_measure(recorder, received, setpoints, names))
-            print(f"respawn {kill + 1}: kill -> first new chunk {times[-1]:.2f} s")
+            total, spawned, active = _kill_and_measure(recorder, received, setpoints, names)
+            times.append(total)
+            print(f"respawn {kill + 1}: kill -> first new chunk {total:.2f} s (process started after {spawned:.2f} s, "
+                  f"active after {active:.2f} s)")
         print(f"kill -> first new chunk: median {float(np.median(times)):.2f} s over {times}")
+        _cancel_holds_the_executor(listener, received, setpoints)
     finally:
         listener.close()
 
 
 def _kill_and_measure(recorder: Recorder, received: list[tuple[float, int]],
-                      setpoints: list[tuple[float, int, list[float]]], names: list[str]) -> float:
+                      setpoints: list[tuple[float, int, list[float]]], names: list[str]) -> tuple[float, float, float]:
     """SIGKILL the node once chunks and setpoints flow; check the restart, the guard and the executor; returns the
-    time from the kill to the first chunk observed after it (seconds)."""
+    seconds from the kill to the first chunk observed after it, to the new process, and to its activation."""
     assert wait_for(lambda: len(received) >= 5 and received[-1][0] > time.monotonic() - 1.0, 120), \
         recorder.text("oxygen_node")[-3000:]
     assert wait_for(lambda: len(setpoints) > 20, 60), recorder.text("oxygen_executor")[-3000:]
@@ -614,8 +620,11 @@ def _kill_and_measure(recorder: Recorder, received: list[tuple[float, int]],
     kill_ns, t_kill = time.time_ns(), time.monotonic()
     os.kill(pid, signal.SIGKILL)
     assert wait_for(lambda: recorder.pids["oxygen_node"] != pid, 30), "not respawned"
-    assert recorder.wait_for_output("oxygen_node", lambda out: out.count("active:") > actives, 90), \
+    t_spawn = time.monotonic()
+    # (not recorder.wait_for_output: it stops at the killed process's exit code)
+    assert wait_for(lambda: recorder.text("oxygen_node").count("active:") > actives, 90), \
         recorder.text("oxygen_node")[-3000:]
+    t_active = time.monotonic()  # no chunk before this (a subscriber may discover the new publisher later)
     assert wait_for(lambda: any(t > t_kill and s > kill_ns for t, s in received), RESTART_LIMIT_S), \
         recorder.text("oxygen_node")[-3000:]
     t_first = min(t for t, s in received if t > t_kill and s > kill_ns)
@@ -623,8 +632,8 @@ def _kill_and_measure(recorder: Recorder, received: list[tuple[float, int]],
     stale = [(t - t_kill, (s - kill_ns) / 1e9) for t, s in received if t > t_kill + 0.5 and s <= kill_ns]
     assert not stale, stale
     # the executor held: once the old plan ran out (a chunk lasts < 1 s), the setpoint stays where it is
-    held = [p for t, _, p in setpoints if t_kill + 1.5 < t < t_first]
-    assert len(held) >= 5, (len(held), t_first - t_kill)
+    held = [p for t, _, p in setpoints if t_kill + 1.5 < t < t_active - 0.2]
+    assert len(held) >= 5, (len(held), t_active - t_kill)
     assert np.ptp(np.array(held), axis=0).max() < 1e-9, np.ptp(np.array(held), axis=0)
     # ... then follows the new chunks within its limits
     assert wait_for(lambda: sum(t > t_first for t, _, _ in setpoints) >= 40, 30)
@@ -635,4 +644,29 @@ def _kill_and_measure(recorder: Recorder, received: list[tuple[float, int]],
     for joint, limit in LIMITED.items():
         assert speed[:, names.index(joint)].max() <= limit * 1.05 + 1e-6, (joint, speed.max(axis=0))
     assert np.ptp(pos, axis=0).max() > 1e-4, "the executor follows the new chunks"
-    return t_first - t_kill
+    return t_first - t_kill, t_spawn - t_kill, t_active - t_kill
+
+
+def _cancel_holds_the_executor(listener: Listener, received: list[tuple[float, int]],
+                               setpoints: list[tuple[float, int, list[float]]]) -> None:
+    """A ~/run goal on the respawned node, then a cancel: no chunk is published after the cancel is accepted, and the
+    executor holds (its plan runs out, the setpoint stays)."""
+    from oxygen_ros.action import RunTask
+    from rclpy.action import ActionClient
+
+    client = ActionClient(listener.node, RunTask, "/oxygen/run")
+    assert client.wait_for_server(timeout_sec=30)
+    feedback: list[Any] = []
+    sent = client.send_goal_async(RunTask.Goal(instruction="put the red block on the blue plate", success="external",
+                                               timeout_s=60.0), feedback_callback=lambda m: feedback.append(m.feedback))
+    assert wait_for(sent.done, 20) and sent.result().accepted
+    assert wait_for(lambda: feedback and feedback[-1].chunks >= 3, 30), feedback[-1:]
+    cancel = sent.result().cancel_goal_async()
+    assert wait_for(cancel.done, 10) and cancel.result().goals_canceling
+    t_cancel, cancel_ns = time.monotonic(), time.time_ns()
+    time.sleep(3.0)
+    late = [(t - t_cancel, (s - cancel_ns) / 1e9) for t, s in received if t > t_cancel]
+    # one published before the acceptance may still be in delivery; none observed after it, none later
+    assert all(s < 0 for _, s in late) and all(t < 0.5 for t, _ in late), late
+    held = [p for t, _, p in setpoints if t > t_cancel + 1.5]
+    assert len(held) >= 10 and np.ptp(np.array(held), axis=0).max() < 1e-9, np.ptp(np.array(held), axis=0)
