@@ -309,6 +309,23 @@ def test_dds_profile_is_applied_unless_the_environment_names_one(monkeypatch, tm
         _setup_actions(dds_profile=str(tmp_path / "missing.xml"))
 
 
+def test_respawn_reaches_the_node_and_the_executor() -> None:
+    """respawn:=true and respawn_delay go to both processes' actions (launch's ExecuteLocal restarts them); the
+    simulator is not respawned; a bad delay is an error naming the argument."""
+    def respawns(**values: str) -> dict[str, Any]:
+        context = launch.LaunchContext()
+        return {a.node_executable: (launch.utilities.type_utils.perform_typed_substitution(
+            context, a._ExecuteLocal__respawn, bool), a._ExecuteLocal__respawn_delay)
+            for a in _setup_actions(**values) if getattr(a, "node_executable", None)}
+
+    got = respawns(with_executor="true")  # default: no respawn
+    assert got == {"oxygen_executor": (False, 2.0), "oxygen_node": (False, 2.0)}, got
+    got = respawns(with_sim="true", with_executor="true", respawn="true", respawn_delay="0.5")
+    assert got == {"tabletop_sim": (False, None), "oxygen_executor": (True, 0.5), "oxygen_node": (True, 0.5)}, got
+    with pytest.raises(ValueError, match="respawn_delay"):
+        _setup_actions(respawn="true", respawn_delay="-1")
+
+
 def test_share_copies_are_the_repository_files() -> None:
     """make setup links <venv>/share/oxygen_ros/{launch,config} to the repository: the edited file is the one run."""
     prefix = venv_prefix()
