@@ -652,15 +652,20 @@ def _kill_and_measure(recorder: Recorder, received: list[tuple[float, int]],
     held = [p for t, _, p in setpoints if t_kill + 1.5 < t < t_active - 0.2]
     assert len(held) >= 5, (len(held), t_active - t_kill)
     assert np.ptp(np.array(held), axis=0).max() < 1e-9, np.ptp(np.array(held), axis=0)
-    # ... then follows the new chunks within its limits
+    # ... then follows the new chunks within its limits. The simulator executes the node's chunks itself (the
+    # executor's setpoints go nowhere here), so the executor's first setpoint after the hold starts from the
+    # measured joint state (one limited step from rest there, docs/executor.md): that one re-anchoring step is
+    # not a velocity, every later one is within the limits
     assert wait_for(lambda: sum(t > t_first for t, _, _ in setpoints) >= 40, 30)
-    after = [(s, p) for t, s, p in setpoints if t > t_first]
+    after = [(s, p) for t, s, p in setpoints if t > t_active - 0.2]
     stamps = np.array([s for s, _ in after]) / 1e9
     pos = np.array([p for _, p in after])
-    speed = np.abs(np.diff(pos, axis=0)) / np.maximum(np.diff(stamps), 1e-6)[:, None]
+    moved = np.flatnonzero(np.abs(np.diff(pos, axis=0)).max(axis=1) > 1e-9)
+    assert moved.size > 10, "the executor follows the new chunks"
+    steps = slice(moved[0] + 1, None)
+    speed = (np.abs(np.diff(pos, axis=0)) / np.maximum(np.diff(stamps), 1e-6)[:, None])[steps]
     for joint, limit in LIMITED.items():
         assert speed[:, names.index(joint)].max() <= limit * 1.05 + 1e-6, (joint, speed.max(axis=0))
-    assert np.ptp(pos, axis=0).max() > 1e-4, "the executor follows the new chunks"
     return t_first - t_kill, t_spawn - t_kill, t_active - t_kill
 
 
