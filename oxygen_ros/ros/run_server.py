@@ -148,7 +148,7 @@ class RunTaskServer:
         self._log = node.get_logger()
         self._lock = threading.Lock()
         self._current: _Goal | None = None
-        self.counts = {k: 0 for k in ("accepted", *OUTCOMES)}
+        self.counts = {k: 0 for k in ("goals", *OUTCOMES)}  # goals received, and how each ended
         self._server = ActionServer(node, RunTask, RUN_ACTION, self._execute, callback_group=ReentrantCallbackGroup(),
                                     goal_callback=lambda _goal: GoalResponse.ACCEPT,
                                     handle_accepted_callback=lambda handle: handle.execute(),
@@ -187,7 +187,7 @@ class RunTaskServer:
         request: RunTask.Goal = handle.request
         key = bytes(handle.goal_id.uuid)
         with self._lock:
-            self.counts["accepted"] += 1
+            self.counts["goals"] += 1
         why = self._refusal(request)
         if why is not None:
             with self._lock:
@@ -204,10 +204,6 @@ class RunTaskServer:
                      stream=self._subtask_stream if success == "subtask_done" else request.stream,
                      pattern=re.compile(request.pattern, re.IGNORECASE) if success == "pattern" else None,
                      on_end=request.on_end or "hold", timeout_s=float(request.timeout_s))
-        with self._lock:
-            previous = self._current
-        if previous is not None:
-            self._end(previous, "canceled", "preempted by a new goal", hold=False)
         self._start(goal)
         status, result = await outcome
         with self._lock:
@@ -247,15 +243,19 @@ class RunTaskServer:
         return None
 
     def _start(self, goal: _Goal) -> None:
+        """Make ``goal`` the running one (atomically: of two goals arriving at once, one preempts the other), end
+        the one it preempts, then take the instruction and the gate."""
         hooks = self._hooks
-        if not hooks.own_instruction(goal.instruction):
-            self._resolve(goal, "aborted", "the instruction could not be set (the node stopped processing?)")
-            return
         goal.started = goal.last_frame = time.monotonic()
         goal.started_ns = hooks.now_ns()
         goal.misses0 = hooks.deadline_misses()
         with self._lock:
-            self._current = goal
+            previous, self._current = self._current, goal
+        if previous is not None:  # gives the instruction back before this goal takes it
+            self._end(previous, "canceled", "preempted by a new goal", hold=False)
+        if not hooks.own_instruction(goal.instruction):
+            self._end(goal, "aborted", "the instruction could not be set (the node stopped processing?)", hold=False)
+            return
         hooks.new_task()
         hooks.hold(False)  # a previous goal's hold
         if self._may_enable and hooks.why_closed() == "disabled":
