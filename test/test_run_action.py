@@ -230,6 +230,24 @@ def test_a_second_goal_preempts_the_first(world) -> None:
 
 @pytest.mark.ros
 @pytest.mark.slow
+def test_stale_inputs_abort_the_goal_with_the_reason(world) -> None:
+    """The simulator stops stepping (no image, no joint state): every frame is skipped, and after run.stall_s (5 s
+    here) the goal is aborted naming the skip reason."""
+    probe, sim, runner, node = world
+    sent = runner.send(instruction=sim.world.instruction, success="external", timeout_s=60.0)
+    assert wait_for(lambda: len(sent.feedback) >= 2, 30)
+    sim.started = False  # _step_world publishes nothing while not started
+    try:
+        status, result = runner.result(sent, 40)
+    finally:
+        sim.started = True
+    assert status == GoalStatus.STATUS_ABORTED and result.outcome == "aborted", result
+    assert result.reason.startswith("stale inputs: no frame ran for") and "frames skipped:" in result.reason, result
+    assert 5.0 <= result.elapsed_s < 30.0, result
+
+
+@pytest.mark.ros
+@pytest.mark.slow
 def test_the_oxygen_run_command_prints_feedback_and_the_outcome(world) -> None:
     """``oxygen-run`` (the venv's stand-in for ``ros2 action send_goal --feedback``) in its own process: the exit
     code says the outcome."""
