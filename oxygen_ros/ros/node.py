@@ -24,6 +24,8 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   act  ~/ask                oxygen_ros/action/Ask (ask.enabled): a question answered from the current observation,
                             decoded with the language streams (feedback every frame; the answer also on
                             ~/language_output, stream ask); see ask_server.py
+  act  ~/run                oxygen_ros/action/RunTask (run.enabled): a task (instruction, success rule, time-out,
+                            end behaviour), feedback every frame, cancel holds, preemption; see run_server.py
 
 Action timing, everywhere: action i of a chunk is the target for ``stamp + (i + 1) * dt`` (ActionChunk.dt, the
 trajectory's time_from_start, the simulator's execution).
