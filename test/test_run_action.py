@@ -140,12 +140,13 @@ def world():
 
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     node = NodeProcess(REPO / "config" / "tabletop.yaml", {"run.stall_s": 5.0}, domain_id=DOMAIN).start()
-    probe = Probe([], ["ee_x", "ee_y", "ee_z", "gripper"], domain_id=DOMAIN, name="run_probe")
-    sim = TabletopSimNode(context=probe.context, parameter_overrides=[
-        Parameter("autostart", value=False), Parameter("reset_pause_s", value=3.0)])
-    probe.executor.add_node(sim)
-    runner = Runner(probe.node)
+    probe = sim = None
     try:
+        probe = Probe([], ["ee_x", "ee_y", "ee_z", "gripper"], domain_id=DOMAIN, name="run_probe")
+        sim = TabletopSimNode(context=probe.context, parameter_overrides=[
+            Parameter("autostart", value=False), Parameter("reset_pause_s", value=3.0)])
+        probe.executor.add_node(sim)
+        runner = Runner(probe.node)
         assert node.wait_for_output("active:", 120), node.output()[-3000:]
         assert wait_for(sim.cameras_connected, 60), node.output()[-3000:]
         sim.start()
@@ -153,9 +154,11 @@ def world():
         assert probe.wait_for(lambda: len(probe.chunks()) >= 3, 60), (probe.diagnostics(), node.output()[-3000:])
         yield probe, sim, runner, node
     finally:
-        probe.executor.remove_node(sim)
-        sim.destroy_node()
-        probe.close()
+        if sim is not None:
+            probe.executor.remove_node(sim)
+            sim.destroy_node()
+        if probe is not None:
+            probe.close()
         assert node.stop() == 0, node.output()[-3000:]
 
 
@@ -305,8 +308,9 @@ def test_an_observation_stamped_before_the_process_start_never_makes_a_chunk() -
     node = NodeProcess(REPO / "config" / "synthetic.yaml", {"max_image_age_s": 60.0, "max_joint_age_s": 60.0,
                                                             "max_chunk_age_s": 120.0, "control_rate_hz": 5.0},
                        domain_id=domain).start()
-    probe = Probe(cams, joints, domain_id=domain, name="guard_probe")
+    probe = None
     try:
+        probe = Probe(cams, joints, domain_id=domain, name="guard_probe")
         assert node.wait_for_output("active:", 90), node.output()[-3000:]
         assert probe.wait_for_subscribers(30)
         probe.publish_instruction("put the red block on the blue plate")
@@ -321,7 +325,8 @@ def test_an_observation_stamped_before_the_process_start_never_makes_a_chunk() -
         born = np.array([header_ns(c) for c in probe.chunks()])
         assert (born > before + 1_000_000_000).all()
     finally:
-        probe.close()
+        if probe is not None:
+            probe.close()
         assert node.stop() == 0, node.output()[-3000:]
 
 
