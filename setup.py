@@ -49,6 +49,7 @@ setup(
             "oxygen-sim = oxygen_ros.sim.node:main",
             "oxygen-launch = oxygen_ros.tools.launch_file:main",
             "oxygen-ask = oxygen_ros.tools.ask:main",
+            "oxygen-run = oxygen_ros.tools.run_task:main",
             "oxygen-serve = oxygen_ros.tools.serve:main",
             "oxygen-compile = oxygen_ros.tools.compile:main",
             "oxygen-demo = oxygen_ros.demo.run:main",

@@ -18,9 +18,11 @@ arguments.)
 Arguments: config_file, checkpoint_path (replaces the file's model when set), use_sim_time, namespace, node_name,
 autostart, trajectory_topic (where ~/trajectory is remapped to), log_level, with_sim (also start the tabletop
 simulator node, ``tabletop_sim``, that publishes the cameras, joint states and instruction and executes the chunks),
-dds_profile (the Fast DDS profile for the started processes), with_executor (also start the chunk executor,
-``oxygen_executor``, in its own process, wired to the node's chunks and halt) and executor_config_file (its
-parameters; the node's config_file is given to it first, so it shares action_rate_hz and the limits.* parameters).
+dds_profile (the Fast DDS profile for the started processes), respawn and respawn_delay (restart the node and the
+executor after their process died; the respawned node comes back active on its own), with_executor (also start the
+chunk executor, ``oxygen_executor``, in its own process, wired to the node's chunks and halt) and
+executor_config_file (its parameters; the node's config_file is given to it first, so it shares action_rate_hz and
+the limits.* parameters).
 
 Every name is relative, so the file can be included under ``PushRosNamespace``: the node, and with ``with_sim`` the
 simulator, live in the including namespace (plus ``namespace``), and the simulator is wired to the node's relative
@@ -65,6 +67,9 @@ ARGUMENTS: list[tuple[str, Any, str]] = [
      "as timed, limited setpoints at the controller's rate (docs/executor.md)"),
     ("executor_config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "executor.yaml"]),
      "the executor's parameters (output, output_topic, output_joints, switch, interpolation, ...)"),
+    ("respawn", "false", "restart the node (and the executor) when its process dies (a crash, an OOM kill): the "
+     "respawned node configures and activates itself (autostart) with the same parameters (docs/tasks.md)"),
+    ("respawn_delay", "2.0", "seconds between a process's death and its restart (respawn:=true)"),
     ("dds_profile", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", PROFILE_FILE_NAME]),
      "Fast DDS profile for the started processes (sized for raw camera images); '' = none; a profile that the "
      "environment already names (FASTDDS_DEFAULT_PROFILES_FILE) is kept"),
@@ -76,6 +81,16 @@ def _as_bool(text: str) -> bool:
     if value not in ("true", "false", "1", "0"):
         raise ValueError(f"expected true or false, got {text!r}")
     return value in ("true", "1")
+
+
+def _as_delay(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ValueError(f"respawn_delay: expected seconds, got {text!r}") from None
+    if not value >= 0.0:
+        raise ValueError(f"respawn_delay: expected seconds >= 0, got {text!r}")
+    return value
 
 
 def oxygen_node(config_file: str | None = None, checkpoint_path: str = "", use_sim_time: bool = False,
@@ -143,6 +158,7 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
         return LaunchConfiguration(name).perform(context)
 
     with_sim, use_sim_time = _as_bool(value("with_sim")), _as_bool(value("use_sim_time"))
+    respawn = {"respawn": _as_bool(value("respawn")), "respawn_delay": _as_delay(value("respawn_delay"))}
     dds_env, dds_reason = dds_profile_environment(value("dds_profile"), context.environment)
     actions: list[Any] = [LogInfo(msg=f"oxygen.launch.py: {dds_reason}")]
     actions += [SetEnvironmentVariable(name, text) for name, text in dds_env.items()]
@@ -153,7 +169,7 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
         actions.append(tabletop_sim(value("node_name"), value("namespace"), publish_clock=use_sim_time))
     if _as_bool(value("with_executor")):
         actions.append(chunk_executor(value("node_name"), value("namespace"), value("config_file") or None,
-                                      value("executor_config_file") or None, use_sim_time))
+                                      value("executor_config_file") or None, use_sim_time, **respawn))
     actions.append(oxygen_node(
         config_file=value("config_file") or None,
         checkpoint_path=value("checkpoint_path"),
@@ -164,6 +180,7 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
         trajectory_topic=value("trajectory_topic"),
         log_level=value("log_level"),
         extra_parameters=sim_wiring() if with_sim else None,
+        **respawn,
     ))
     return [GroupAction(actions, scoped=True, forwarding=True)]  # the environment set here stays in the group
 

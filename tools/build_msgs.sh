@@ -33,7 +33,7 @@ if [[ "$src" == "$repo" ]]; then
   name=oxygen_ros
   build="$builds/msgs"
   extra_args=(-DOXYGEN_ROS_INSTALL_PYTHON_SOURCES=OFF)
-  smoke="from oxygen_ros.msg import ActionChunk, LanguageOutput; from oxygen_ros.action import Ask"
+  smoke="from oxygen_ros.msg import ActionChunk, LanguageOutput; from oxygen_ros.action import Ask, RunTask"
 else
   name="$(basename "$src")"
   build="$builds/$name"

@@ -271,6 +271,12 @@ class FrameRunner:
         self._subtask = (*self._subtask[:2], -1)
         self.forget_chunk()
 
+    def forget_subtask(self) -> None:
+        """A new task starts unconditioned (a ``~/run`` goal, even with the same instruction as before: a ``done``
+        of the last task must not condition the next); subtask requests still in flight no longer count."""
+        self._subtask_requests.clear()
+        self._subtask = ("", "", self._subtask[2])
+
     def forget_chunk(self) -> None:
         """The next chunk starts free (real-time chunking has nothing to continue): after a reset, when the robot
         stopped executing chunks (disabled, halted) or a new instruction arrived."""

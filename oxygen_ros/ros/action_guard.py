@@ -33,7 +33,8 @@ __all__ = ["ENABLE_SERVICE", "HALT_TOPIC", "ActionGuard", "limit_parameters"]
 
 ENABLE_SERVICE = "~/enable"
 HALT_TOPIC = "~/halt"
-_GATE_CLOSED = {"halted": "halted (~/halt is true)", "disabled": "disabled (~/enable)"}
+_GATE_CLOSED = {"halted": "halted (~/halt is true)", "disabled": "disabled (~/enable)",
+                "held": "held (a ~/run goal ended; a new goal or ~/enable releases it)"}
 
 
 def limit_parameters(node: Node) -> dict[str, Any]:

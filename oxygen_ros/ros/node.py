@@ -24,6 +24,8 @@ Topics (node name ``oxygen``; all names are relative, so a namespace or remappin
   act  ~/ask                oxygen_ros/action/Ask (ask.enabled): a question answered from the current observation,
                             decoded with the language streams (feedback every frame; the answer also on
                             ~/language_output, stream ask); see ask_server.py
+  act  ~/run                oxygen_ros/action/RunTask (run.enabled): a task (instruction, success rule, time-out,
+                            end behaviour), feedback every frame, cancel holds, preemption; see run_server.py
 
 Action timing, everywhere: action i of a chunk is the target for ``stamp + (i + 1) * dt`` (ActionChunk.dt, the
 trajectory's time_from_start, the simulator's execution).
@@ -88,6 +90,7 @@ from .model_loader import (
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
 from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
+from .run_server import RunHooks, RunTaskServer
 from .safety import FaultCounter
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
@@ -131,6 +134,10 @@ class OxygenNode(LifecycleNode):
         self._faults = FaultCounter()  # survives the error processing: /diagnostics reports the last fault
         self._fault_pending = False
         self._stuck_worker: threading.Thread | None = None  # a frame that did not end when processing stopped
+        self._publish_lock = threading.Lock()  # admit + publish of a chunk; a ~/run cancel holds the gate under it
+        # observations stamped before this process's node existed never make a chunk (a respawned node must not
+        # act on what was observed before its predecessor crashed); with use_sim_time before /clock: 0 (no guard)
+        self.born_ns = self.get_clock().now().nanoseconds
         self._reset_runtime()
         self._diag_pub = self.create_publisher(DiagnosticArray, DIAGNOSTICS_TOPIC, 10)
         self._supervisor = self.create_timer(0.05, self._safe(self._supervise, "supervisor"),
@@ -154,6 +161,8 @@ class OxygenNode(LifecycleNode):
         self._action_pub = self._language_pub = self._trajectory_pub = None
         self._stream_pubs: dict[str, Any] = {}
         self._ask: AskServer | None = None
+        self._run: RunTaskServer | None = None
+        self._task_begins = False  # a ~/run goal was accepted: the next frame starts its task afresh
         self._control_timer = None
         self._worker: threading.Thread | None = None
         self._last_instruction = ""
@@ -238,9 +247,42 @@ class OxygenNode(LifecycleNode):
             self._ask = AskServer(self, self._runner, p, lambda: self._state == "active",
                                   self.stats.rejected_inputs.add)
         self._guard = ActionGuard(self, p, loaded.action_names, self.stats)
+        if p.run_enabled:
+            self._run = self._run_server(p)
         self._faults.reset(p.max_consecutive_faults)
         self._fault_pending = False
         install_from_env(self._runner, loaded.policy.model, self.get_logger().warning)  # tests only (unset: no-op)
+
+    def _run_server(self, p: NodeParams) -> RunTaskServer:
+        """The ``~/run`` action server, wired to the gate, the input store and the stats."""
+        names = tuple(s.name for s in p.streams)
+        subtask = p.subtask_conditioning or ("subtask" if "subtask" in names else None)
+        gate = self._guard.gate
+
+        def now_ns() -> int:
+            return self.get_clock().now().nanoseconds
+
+        def hold(held: bool) -> None:
+            with self._publish_lock:  # a chunk being published is out before; none after
+                gate.set_held(held, now_ns())
+
+        def own(text: str) -> bool:
+            store = self._store
+            return store is not None and store.own_instruction(text)
+
+        def release() -> None:
+            store = self._store
+            if store is not None:
+                store.release_instruction()
+
+        def new_task() -> None:
+            self._task_begins = True  # the inference thread starts the task at its next frame (_run_frame)
+
+        hooks = RunHooks(is_active=lambda: self._state == "active", why_closed=gate.why_closed, new_task=new_task,
+                         enable=lambda: gate.set_enabled(True, now_ns()), hold=hold, own_instruction=own,
+                         release_instruction=release, deadline_misses=lambda: self.stats.deadline_misses,
+                         last_skip=self.stats.skipped.latest, now_ns=now_ns, on_reject=self.stats.rejected_inputs.add)
+        return RunTaskServer(self, names, subtask, p.run_may_enable, p.run_stall_s, hooks)
 
     def _stream_parameters(self, streams: Any) -> dict[str, Any]:
         """Declare (once) and read the ``<stream>.<field>`` parameters of the listed language streams (the
@@ -391,6 +433,9 @@ class OxygenNode(LifecycleNode):
             self._store = self._builder = None
             if self._ask is not None:
                 self._ask.abort_all("the node stopped processing (deactivated)")
+            if self._run is not None:
+                self._run.abort(f"faults: {self._faults.consecutive} frames in a row failed, last: {self._faults.last}"
+                                if self._faults.tripped else "the node stopped processing (deactivated)")
             if self._runner is not None and self._runner.backlog:
                 self._runner.reset()
         return True
@@ -445,6 +490,8 @@ class OxygenNode(LifecycleNode):
                 self._guard.destroy()
             if self._ask is not None:
                 self._ask.destroy()
+            if self._run is not None:
+                self._run.destroy()
             if self._runner is not None:
                 self._runner.close()
             if self._loaded is not None:
@@ -508,6 +555,10 @@ class OxygenNode(LifecycleNode):
             if isinstance(built, Skip):
                 self.stats.skipped.add(built.reason, built.detail)
                 return
+            if built.stamp_ns < self.born_ns:  # observed before this process: never acted on (respawn)
+                self.stats.skipped.add("observed_before_start", f"observation stamped {built.stamp_ns} ns, before "
+                                       f"this node started ({self.born_ns} ns)")
+                return
             self._run_frame(built, deadline)
         finally:
             self._engine_lock.release()
@@ -523,6 +574,11 @@ class OxygenNode(LifecycleNode):
                                            "the model's prompt beside the state; the instruction is cut to fit")
         if self._faults.tripped:
             return  # max_consecutive_faults reached: the error processing is on its way
+        if self._task_begins:  # a ~/run goal's task: no subtask of the last task conditions it
+            self._task_begins = False
+            self._runner.forget_subtask()
+            if self._run is not None:
+                self._run.task_begins(self._runner.engine.frame_index)
         self._guard.frame_began()
         try:
             out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
@@ -556,6 +612,8 @@ class OxygenNode(LifecycleNode):
             self.stats.record_language(done.text or "", msg.stream)
         if self._ask is not None:
             self._ask.on_frame(result)
+        if self._run is not None:
+            self._run.on_frame(result)
 
     def _publish_actions(self, chunk: ChunkOutput) -> None:
         """Publish the chunk's executable actions from the first one not already committed (called before any
@@ -565,11 +623,15 @@ class OxygenNode(LifecycleNode):
         self._rtc_last_guided = chunk.guided
         p, names = self.params, self._loaded.action_names
         dt = action_period_s(p, chunk.actions.shape[0])
+        with self._publish_lock:  # a ~/run cancel or end holds the gate in between: no chunk after it
+            if not self._admit_and_publish(chunk, p, names, dt):
+                self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
+
+    def _admit_and_publish(self, chunk: ChunkOutput, p: NodeParams, names: tuple[str, ...], dt: float) -> bool:
         now_ns = self.get_clock().now().nanoseconds
         actions = self._guard.admit(chunk, chunk.published, dt, now_ns, self._store)
         if actions is None:
-            self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
-            return
+            return False
         cov = self._coverage.observe((now_ns - chunk.stamp_ns) / 1e9, chunk.start + len(actions), dt)
         if cov.short:
             self.stats.warnings.add("chunk_coverage_short", f"frame {chunk.frame_index}: the published actions end "
@@ -585,6 +647,9 @@ class OxygenNode(LifecycleNode):
                                                "the past (inference slower than the chunk)")
             else:
                 self._trajectory_pub.publish(trajectory)
+        if self._run is not None:
+            self._run.on_chunk()
+        return True
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def _publish_diagnostics(self) -> None:
@@ -617,9 +682,12 @@ class OxygenNode(LifecycleNode):
             extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"
         if self._ask is not None:
             extra.update(self._ask.diagnostics())
+        if self._run is not None:
+            extra.update(self._run.diagnostics())
         store = self._store
         if store is not None:
             extra["instruction"] = (store.instruction or "")[:200]
+            extra["instructions_ignored_during_run"] = str(store.instructions_ignored)
             if runner is not None and runner.condition_on:  # what the next chunks are conditioned on
                 extra["subtask"] = runner.subtask(store.instruction or "")[:200]
         warnings: list[str] = []

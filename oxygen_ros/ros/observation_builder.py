@@ -179,6 +179,8 @@ class InputStore:
         self._joint_arrival_ns = np.zeros(len(self.joint_names), dtype=np.int64)  # node clock, per joint
         self._instruction: str | None = None
         self._instruction_seq: dict[str, int] = {}  # publisher -> newest sequence number taken
+        self._instruction_owned = False  # a ~/run goal owns the instruction: the topic's messages are ignored
+        self.instructions_ignored = 0  # topic instructions ignored while a ~/run goal owned the instruction
         if instruction:
             self._set_instruction(instruction)
 
@@ -313,7 +315,25 @@ class InputStore:
         """
         if info is not None and self._seen_before(info):
             return False
+        with self._lock:
+            if self._instruction_owned:
+                self.instructions_ignored += 1
+                return False
         return self._set_instruction(str(msg.data))
+
+    def own_instruction(self, text: str) -> bool:
+        """A ``~/run`` goal sets the instruction and owns it: until :meth:`release_instruction`, instructions from
+        the topic are ignored (counted in :attr:`instructions_ignored`). False: the text is empty (not taken)."""
+        if not self._set_instruction(text):
+            return False
+        with self._lock:
+            self._instruction_owned = True
+        return True
+
+    def release_instruction(self) -> None:
+        """The goal ended: its instruction stays until the topic sends a new one."""
+        with self._lock:
+            self._instruction_owned = False
 
     def _seen_before(self, info: Mapping[str, Any]) -> bool:
         gid, seq = info.get("publisher_gid"), info.get("publication_sequence_number")

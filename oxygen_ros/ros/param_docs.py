@@ -37,6 +37,7 @@ _SEE_ALSO = {
     "Inputs": ("cameras.md", "Cameras"),
     "Timing and outputs": ("node.md", "The ROS 2 node"),
     "Questions": ("language.md", "Language streams and ~/ask"),
+    "Tasks": ("tasks.md", "Tasks (~/run) and recovery"),
     "Real-time chunking": ("rtc.md", "Real-time chunking"),
     "Safety": ("safety.md", "Safety"),
 }

@@ -192,6 +192,17 @@ class NodeParams:
     ask_max_question_chars: int = shared('ask_max_question_chars')
     ask_max_prompt_tokens: int = shared('ask_max_prompt_tokens')
     ask_priority: int = shared('ask_priority')
+    # --- tasks: the ~/run action (oxygen_ros/action/RunTask, docs/tasks.md)
+    run_enabled: bool = param(True,
+        'Serve the ~/run action: a task (instruction, success rule, time-out, end behaviour) with feedback every '
+        'frame, cancel and preemption.', ros_name='run.enabled')
+    run_may_enable: bool = param(False,
+        'A ~/run goal may open a gate that is disabled (start_enabled false, or ~/enable false) as ~/enable true '
+        'would; false: such a goal is refused until an operator calls ~/enable. ~/halt is never overridden.',
+        ros_name='run.may_enable')
+    run_stall_s: float = param(3.0,
+        'A running ~/run goal is aborted (stale inputs) when no control frame has run for this long (every frame '
+        'skipped: stale cameras or joints, ...); 0 = never.', minimum=0.0, ros_name='run.stall_s')
     # --- real-time chunking (oxygen_ros/engine/rtc.py): each chunk continues the one the robot is executing
     rtc_enabled: bool = param(False,
         "Guide each chunk's denoise toward the remainder of the last published chunk (Black et al. 2025): the "

@@ -5,7 +5,8 @@
 Topics (relative names, remappable; under a namespace they all move with it):
   out  cameras/<camera>/image_raw   sensor_msgs/Image rgb8, one per world camera, every step
   out  joint_states                 sensor_msgs/JointState (ee_x, ee_y, ee_z, gripper), same stamp as the images
-  out  instruction                  std_msgs/String, the episode's task (at reset and every 2 s for late joiners)
+  out  instruction                  std_msgs/String, the episode's task (latched: transient local, depth 1; at reset
+                                    and every 2 s)
   out  ~/events                     std_msgs/String, one JSON line per finished episode and per scored memory
   in   /oxygen/action_chunk         oxygen_ros/ActionChunk: replaces the action queue (latency-aligned)
   in   /oxygen/language_output      oxygen_ros/LanguageOutput: "memory" texts scored against the world's truth
@@ -43,7 +44,7 @@ import numpy as np
 import rclpy
 from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
-from rclpy.qos import QoSProfile, ReliabilityPolicy
+from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
@@ -114,7 +115,10 @@ class TabletopSimNode(Node):
         self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(
             depth=1, reliability=ReliabilityPolicy.RELIABLE)) if self.publish_clock else None
         self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
-        self._instruction_pub = self.create_publisher(String, "instruction", 10)
+        # latched (transient local, as robot_state_publisher's URDF): a node that starts or restarts later gets the
+        # episode's instruction at once, volatile subscribers match too
+        self._instruction_pub = self.create_publisher(String, "instruction", QoSProfile(
+            depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
         self._event_pub = self.create_publisher(String, "~/events", 10)
         self.setpoint_topic, setpoint_type = str(get("setpoint_topic").value), str(get("setpoint_type").value)
         if setpoint_type not in SETPOINT_TYPES:
