@@ -194,7 +194,8 @@ def _write(episodes: Sequence[Episode], root: Path, fps: int, robot_type: str, v
             tasks.setdefault(t, len(tasks))
         columns = {
             "observation.state": ep.state.astype(np.float32), "action": ep.action.astype(np.float32),
-            "timestamp": (np.arange(n) / fps).astype(np.float32), "frame_index": np.arange(n, dtype=np.int64),
+            # float64 as LeRobot's buffer holds them (frame_index / fps): its stats are of these; stored float32
+            "timestamp": np.array([k / fps for k in range(n)]), "frame_index": np.arange(n, dtype=np.int64),
             "episode_index": np.full(n, e, dtype=np.int64),
             "index": np.arange(frames_total, frames_total + n, dtype=np.int64),
             "task_index": np.array([tasks[t] for t in ep.tasks], dtype=np.int64),
