@@ -323,3 +323,32 @@ def test_the_policy_acts_on_an_exported_frame_as_on_the_bag(exported: Path, demo
     frame_gap = np.abs(from_other - from_bag).max()
     # random_tiny weights amplify the video's pixel error (mean 5 of 255 here): measured 0.50 against 1.86
     assert 0 < codec_gap < 0.4 * frame_gap, (codec_gap, frame_gap)
+
+
+def test_a_recording_and_its_outputs_bag_as_one(tmp_path: Path) -> None:
+    """``A+B``: a recording without the node's outputs plus a bag of them (as oxygen-evaluate-bag writes its
+    out_bag) export as one episode."""
+    from oxygen_ros.evaluation.demo_bag import START_TIME_NS
+    from oxygen_ros.evaluation.typestore import ACTION_TYPE, oxygen_typestore
+
+    rec = make_demo_bag(tmp_path / "rec", duration_s=1.0, size=32)
+    T = oxygen_typestore()[0].types
+    names = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
+    msgs = []
+    for k in range(10):
+        stamp = START_TIME_NS + k * 100_000_000
+        header = T["std_msgs/msg/Header"](stamp=T["builtin_interfaces/msg/Time"](sec=stamp // 10**9,
+                                                                                 nanosec=stamp % 10**9), frame_id="")
+        acts = np.full((4, 8), k, np.float32)
+        msgs.append(("/oxygen/action_chunk", ACTION_TYPE, stamp, T[ACTION_TYPE](
+            header=header, frame_index=k, joint_names=names, horizon=4, action_dim=8, actions=acts.reshape(-1),
+            dt=T["builtin_interfaces/msg/Duration"](sec=0, nanosec=50_000_000),
+            inference_latency=T["builtin_interfaces/msg/Duration"](sec=0, nanosec=0), first_step=0, subtask="")))
+    outs = write_bag(tmp_path / "outs", msgs)
+    c = contract_from_dict({**CONTRACT.to_dict(), "language_topic": ""})
+    report = export_bags([f"{rec}+{outs}"], c, tmp_path / "ds", use_ray=False)
+    assert report["failed"] == [] and report["frames"] == 10
+    data = rows(tmp_path / "ds" / "data" / "chunk-000" / "file-000.parquet")
+    assert [r["action"][0] for r in data] == [float(k) for k in range(10)]  # each tick's own chunk, step 0
+    with pytest.raises(FileNotFoundError, match="A\\+B"):
+        export_bags([f"{rec}+{tmp_path}"], c, tmp_path / "ds2", use_ray=False)

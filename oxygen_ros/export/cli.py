@@ -14,7 +14,8 @@ __all__ = ["main"]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="oxygen-export-lerobot", description=__doc__)
-    ap.add_argument("bags", nargs="*", help="bags, folders of bags or quoted globs (one episode per bag)")
+    ap.add_argument("bags", nargs="*", help="bags, folders of bags or quoted globs (one episode per bag); A+B: "
+                    "two bags of one recording (e.g. a bag and oxygen-evaluate-bag's out_bag of it)")
     ap.add_argument("--contract", help="contract YAML (topics -> features, fps, tolerances)")
     ap.add_argument("--preset", help="a node preset (params file) to generate the contract from")
     ap.add_argument("--fps", type=int, help="with --preset: the frame rate (default: control_rate_hz)")

@@ -43,7 +43,7 @@ from oxygen_ros.ros.image_conversion import ImageError, compressed_msg_to_array,
 
 from .contract import Contract
 
-__all__ = ["LANGUAGE_STYLES", "NARRATION_STYLE", "Episode", "ExportError", "read_episodes"]
+__all__ = ["LANGUAGE_STYLES", "NARRATION_STYLE", "Episode", "ExportError", "bag_parts", "read_episodes"]
 
 NARRATION_STYLE = "narration"
 # LanguageOutput.task -> LeRobot style (persistent); the ask stream's outputs are vqa events
@@ -93,10 +93,19 @@ class _Stream:
         return int(np.searchsorted(self.times, t, side="right")) - 1
 
 
+def bag_parts(bag: Path | str) -> list[Path]:
+    """The bags one recording spans: ``bag`` itself, or for ``A+B[+...]`` (when no such path exists) each part,
+    read together as one bag (e.g. a recording and the node outputs ``oxygen-evaluate-bag`` wrote for it)."""
+    text = str(bag)
+    if Path(text).exists() or "+" not in text:
+        return [Path(text)]
+    return [Path(p) for p in text.split("+")]
+
+
 def _read(bag: Path, contract: Contract) -> tuple[dict[str, _Stream], int, int]:
     ts, _ = oxygen_typestore()
     try:
-        reader = AnyReader([bag], default_typestore=ts)
+        reader = AnyReader(bag_parts(bag), default_typestore=ts)
         reader.open()
     except Exception as exc:  # rosbags raises its own errors for corrupt / truncated / missing storage
         raise ExportError(f"cannot open the bag: {type(exc).__name__}: {exc}") from exc

@@ -19,7 +19,7 @@ from typing import Any
 from tqdm import tqdm
 
 from .contract import Contract
-from .episode import Episode
+from .episode import Episode, bag_parts
 from .worker import ExportWorker
 from .writer import write_dataset
 
@@ -85,7 +85,16 @@ def export_bags(bags: Sequence[str | Path], contract: Contract, out: Path | str,
     ``report["written"]`` is False when no bag gave an episode (nothing is written then)."""
     from oxygen_ros.evaluation.fleet import find_bags, ray_available  # the driver's only (it loads torch)
 
-    paths = find_bags(bags)
+    paths = []
+    for item in bags:  # A+B: one recording in several bags (episode.bag_parts), each part must be one bag
+        parts = bag_parts(item)
+        if len(parts) > 1:
+            found = [find_bags([p]) for p in parts]
+            if any(len(f) != 1 for f in found):
+                raise FileNotFoundError(f"{item}: each part of A+B must be one bag")
+            paths.append(Path("+".join(str(f[0]) for f in found)))
+        else:
+            paths.extend(find_bags([item]))
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out} exists; choose a new folder")
