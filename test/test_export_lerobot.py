@@ -352,3 +352,54 @@ def test_a_recording_and_its_outputs_bag_as_one(tmp_path: Path) -> None:
     assert [r["action"][0] for r in data] == [float(k) for k in range(10)]  # each tick's own chunk, step 0
     with pytest.raises(FileNotFoundError, match="A\\+B"):
         export_bags([f"{rec}+{tmp_path}"], c, tmp_path / "ds2", use_ray=False)
+
+
+@pytest.mark.parametrize("kind", ["joint_state", "float64_array", "trajectory"])
+def test_setpoint_and_command_sources(tmp_path: Path, kind: str) -> None:
+    """``setpoints`` / ``command``: the newest command at most ``action_s`` old, by name where it has names."""
+    from oxygen_ros.evaluation.demo_bag import START_TIME_NS
+    from oxygen_ros.evaluation.typestore import oxygen_typestore
+
+    rec = make_demo_bag(tmp_path / "rec", duration_s=1.0, size=32)
+    T = oxygen_typestore()[0].types
+    names = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
+    msgs = []
+    for k in range(0, 10, 2):  # 5 Hz commands: a frame's command is at most 0.1 s old; the last frames' older
+        stamp = START_TIME_NS + k * 100_000_000 + 10_000_000
+        values = np.arange(8, dtype=np.float64) + k
+        if kind == "joint_state":
+            msg = T["sensor_msgs/msg/JointState"](header=T["std_msgs/msg/Header"](
+                stamp=T["builtin_interfaces/msg/Time"](sec=0, nanosec=0), frame_id=""),
+                name=names[::-1], position=values[::-1].copy(), velocity=np.zeros(0), effort=np.zeros(0))
+            msgtype = "sensor_msgs/msg/JointState"
+        elif kind == "float64_array":
+            msg = T["std_msgs/msg/Float64MultiArray"](layout=T["std_msgs/msg/MultiArrayLayout"](
+                dim=[], data_offset=0), data=values)
+            msgtype = "std_msgs/msg/Float64MultiArray"
+        else:
+            point = T["trajectory_msgs/msg/JointTrajectoryPoint"](
+                positions=values, velocities=np.zeros(0), accelerations=np.zeros(0), effort=np.zeros(0),
+                time_from_start=T["builtin_interfaces/msg/Duration"](sec=0, nanosec=0))
+            msg = T["trajectory_msgs/msg/JointTrajectory"](header=T["std_msgs/msg/Header"](
+                stamp=T["builtin_interfaces/msg/Time"](sec=0, nanosec=0), frame_id=""), joint_names=names,
+                points=[point])
+            msgtype = "trajectory_msgs/msg/JointTrajectory"
+        msgs.append(("/command", msgtype, stamp, msg))
+    cmd = write_bag(tmp_path / "cmd", msgs)
+    c = contract_from_dict({**CONTRACT.to_dict(), "language_topic": "",
+                            "action": {"source": "command", "topic": "/command",
+                                       "names": [] if kind == "float64_array" else names},
+                            "tolerance": {**CONTRACT.to_dict()["tolerance"], "action_s": 0.15}})
+    (ep,) = list(read_episodes(f"{rec}+{cmd}", c))
+    # commands 10 ms after the even ticks: an odd tick's is 90 ms old (kept), an even tick's newest 190 ms (> 150 ms:
+    # dropped and counted, as is tick 0 before the first command)
+    ticks = [(int(t) - START_TIME_NS) // 100_000_000 for t in ep.times_ns]
+    assert ticks == [1, 3, 5, 7, 9] and ep.dropped == {"no_action": 5}
+    np.testing.assert_array_equal(ep.action[:, 0], [t - 1 for t in ticks])
+    assert ep.action_names == (names if kind != "float64_array" else [f"action_{i}" for i in range(8)])
+
+
+def test_a_type_mismatch_names_the_topic(tmp_path: Path, demo_bag: Path) -> None:
+    c = contract_from_dict({**CONTRACT.to_dict(), "cameras": {"base_0_rgb": "/joint_states"}})
+    report = export_bags([demo_bag], c, tmp_path / "ds", use_ray=False)
+    assert "type mismatch on /joint_states" in report["bags"][0]["reason"]

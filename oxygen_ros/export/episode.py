@@ -113,28 +113,30 @@ def _read(bag: Path, contract: Contract) -> tuple[dict[str, _Stream], int, int]:
         types: dict[str, set[str]] = {}
         for c in reader.connections:
             types.setdefault(c.topic, set()).add(c.msgtype)
-        wanted: dict[str, tuple[str, ...]] = {t: IMAGE_TYPES for t in contract.cameras.values()}
-        wanted[contract.state_topic] = STATE_TYPES
-        wanted[contract.action_topic] = (ACTION_TYPE,) if contract.action_source == "action_chunk" else COMMAND_TYPES
-        optional: dict[str, tuple[str, ...]] = {}
+        # (role, topic, allowed types, required): a topic may serve several roles, each is checked
+        roles: list[tuple[str, str, tuple[str, ...], bool]] = [
+            *((f"camera {n}", t, IMAGE_TYPES, True) for n, t in contract.cameras.items()),
+            ("state", contract.state_topic, STATE_TYPES, True),
+            ("action", contract.action_topic,
+             (ACTION_TYPE,) if contract.action_source == "action_chunk" else COMMAND_TYPES, True)]
         if contract.instruction_topic:
-            optional[contract.instruction_topic] = (STRING_TYPE,)
+            roles.append(("instruction", contract.instruction_topic, (STRING_TYPE,), False))
         if contract.language_topic:
-            optional[contract.language_topic] = (LANGUAGE_TYPE,)
+            roles.append(("language", contract.language_topic, (LANGUAGE_TYPE,), False))
         if contract.episode_topic:
-            wanted[contract.episode_topic] = tuple(t for ts_ in types.values() for t in ts_)  # any type
-        missing = sorted(t for t in wanted if t not in types)
+            roles.append(("episode", contract.episode_topic, tuple(t for v in types.values() for t in v), True))
+        missing = sorted({t for _, t, _, req in roles if req and t not in types})
         if missing:
             raise ExportError(f"topics of the contract missing from the bag: {missing} (the bag has "
                               f"{sorted(types)})")
-        for topic, allowed in {**wanted, **optional}.items():
-            have = types.get(topic, set())
-            bad = sorted(have - set(allowed))
+        for role, topic, allowed, _ in roles:
+            bad = sorted(types.get(topic, set()) - set(allowed))
             if bad:
-                raise ExportError(f"type mismatch on {topic}: the bag has {bad}, the contract needs one of "
-                                  f"{list(allowed)}")
-        conns = [c for c in reader.connections if c.topic in wanted or c.topic in optional]
-        rows: dict[str, list[tuple[int, Any]]] = {t: [] for t in (*wanted, *optional)}
+                raise ExportError(f"type mismatch on {topic} ({role}): the bag has {bad}, the contract needs one "
+                                  f"of {list(allowed)}")
+        wanted = {t for _, t, _, _ in roles}
+        conns = [c for c in reader.connections if c.topic in wanted]
+        rows: dict[str, list[tuple[int, Any]]] = {t: [] for t in wanted}
         try:
             for conn, stamp, raw in reader.messages(connections=conns):
                 rows[conn.topic].append((int(stamp), reader.deserialize(raw, conn.msgtype)))
