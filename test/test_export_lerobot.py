@@ -24,7 +24,7 @@ from rosbags.rosbag2 import Writer  # noqa: E402
 from oxygen_ros.evaluation.demo_bag import make_demo_bag  # noqa: E402
 from oxygen_ros.export.cli import main as cli_main  # noqa: E402
 from oxygen_ros.export.contract import ContractError, contract_from_dict, contract_from_preset, load_contract  # noqa: E402
-from oxygen_ros.export.demo import ASK_ANSWER, INSTRUCTIONS, make_export_demo_bag  # noqa: E402
+from oxygen_ros.export.demo import ASK_ANSWER, ASK_QUESTION, INSTRUCTIONS, make_export_demo_bag  # noqa: E402
 from oxygen_ros.export.episode import read_episodes  # noqa: E402
 from oxygen_ros.export.exporter import export_bags  # noqa: E402
 
@@ -107,11 +107,13 @@ def test_language_rows_of_the_demo_bag(exported: Path) -> None:
         if r["style"] in ("memory", "subtask", "narration"):
             tick = int(r["content"].rsplit("(", 1)[1].rstrip(")"))
             assert r["timestamp"] == float(np.float32((tick - 1) / 10)), r
+    # the ~/ask call: its question (the goal) and answer (the result) on the frame of the answer's observation; the
+    # same answer on ~/language_output (same request id) is not repeated
     events = [(r["frame_index"], e) for r in data for e in r["language_events"]]
-    assert len(events) == 1
-    frame, vqa = events[0]
-    assert frame == 5 and vqa["style"] == "vqa" and vqa["camera"] == CAMS[0]
-    assert json.loads(vqa["content"])["value"] == ASK_ANSWER
+    assert [(f, e["role"], e["style"], e["camera"]) for f, e in events] == [
+        (5, "assistant", "vqa", CAMS[0]), (5, "user", "vqa", CAMS[0])]  # LeRobot's order: style, role, camera
+    assert events[1][1]["content"] == ASK_QUESTION
+    assert json.loads(events[0][1]["content"])["value"] == ASK_ANSWER
     report = json.loads((exported / "meta" / "export.json").read_text())
     (ep,) = report["bags"][0]["episodes"]
     assert ep["frames"] == 19 and ep["dropped"] == {"no_action": 1}  # tick 0: its chunk is not out yet
@@ -131,13 +133,17 @@ def test_frames_are_the_nodes_decoding_and_the_bag_clock(demo_bag: Path) -> None
 
 def write_bag(path: Path, msgs: list[tuple[str, str, int, object]]) -> Path:
     from oxygen_ros.evaluation.typestore import oxygen_typestore
+    from oxygen_ros.export.ask import event_msgdef, register_ask_types
 
     ts, _ = oxygen_typestore()
+    register_ask_types(ts)
     with Writer(path, version=9) as w:
         conns = {}
         for topic, msgtype, stamp, msg in msgs:
             if topic not in conns:
-                conns[topic] = w.add_connection(topic, msgtype, typestore=ts)
+                conns[topic] = (w.add_connection(topic, msgtype, msgdef=event_msgdef(msgtype),
+                                                 rihs01=ts.hash_rihs01(msgtype)) if "/action/" in msgtype
+                                else w.add_connection(topic, msgtype, typestore=ts))
             w.write(conns[topic], stamp, ts.serialize_cdr(msg, msgtype))
     return path
 
@@ -239,10 +245,25 @@ def test_the_worker_loads_neither_torch_nor_rclpy() -> None:
     assert out.stdout.split() == ["False", "False"]
 
 
+def test_answers_without_the_actions_records(tmp_path: Path, demo_bag: Path) -> None:
+    """Without ``ask_action`` (a bag recorded without the action): the answer alone, from ~/language_output."""
+    c = contract_from_dict({**CONTRACT.to_dict(), "ask_action": ""})
+    (ep,) = list(read_episodes(demo_bag, c))
+    assert [(k, [(r["role"], r["style"]) for r in v]) for k, v in ep.events.items()] == [(5, [("assistant", "vqa")])]
+    assert json.loads(ep.events[5][0]["content"])["value"] == ASK_ANSWER
+
+
+def test_the_embedded_ask_action_is_the_file() -> None:
+    from oxygen_ros.export.ask import ASK_ACTION, ask_action_text
+
+    assert ask_action_text() == ASK_ACTION
+
+
 def test_contract_from_a_preset_and_bad_contracts(tmp_path: Path) -> None:
     c = contract_from_preset(ROOT / "config" / "libero.yaml")
     assert c.cameras == {"agentview": "/agentview/image_raw", "wrist": "/wrist/image_raw"}
     assert c.fps == 4 and c.action_topic == "/oxygen/action_chunk" and c.language_topic == "/oxygen/language_output"
+    assert c.ask_action == "/oxygen/ask"
     assert c.state_names[0] == "eef_pos_x" and c.action_names[-1] == "gripper"
     assert load_contract_text(tmp_path, c.to_yaml()) == c  # the YAML form reads back
     good = CONTRACT.to_dict()

@@ -16,6 +16,7 @@ A contract file (every key but ``cameras``, ``state`` and ``action`` has a defau
     instruction_topic: /instruction             # std_msgs/String: the task (task_aug when it changes)
     language_topic: /oxygen/language_output     # LanguageOutput: memory, subtask, narration, ask answers
     ask_stream: ask               # the LanguageOutput stream of ~/ask answers (vqa events)
+    ask_action: /oxygen/ask       # ~/ask's goals and results as rosbag2 records actions ('' = answers only)
     ask_camera: base_0_rgb        # the camera a question was asked about ('' = the first camera)
     episode_topic: ''             # a topic whose every message starts a new episode ('' = one episode a bag)
     tolerance: {image_s: 0.15, state_s: 0.15, action_s: 0.5, language_s: 0.05}
@@ -80,6 +81,7 @@ class Contract:
     instruction_topic: str = "/instruction"
     language_topic: str = ""
     ask_stream: str = "ask"
+    ask_action: str = ""
     ask_camera: str = ""
     episode_topic: str = ""
     tolerance: Tolerances = field(default_factory=Tolerances)
@@ -121,7 +123,8 @@ class Contract:
             "state": {"topic": self.state_topic, "names": list(self.state_names)},
             "action": {"source": self.action_source, "topic": self.action_topic, "names": list(self.action_names)},
             "instruction_topic": self.instruction_topic, "language_topic": self.language_topic,
-            "ask_stream": self.ask_stream, "ask_camera": self.ask_camera, "episode_topic": self.episode_topic,
+            "ask_stream": self.ask_stream, "ask_action": self.ask_action, "ask_camera": self.ask_camera,
+            "episode_topic": self.episode_topic,
             "tolerance": dataclasses.asdict(self.tolerance), "video": dataclasses.asdict(self.video),
         }
 
@@ -130,7 +133,7 @@ class Contract:
 
 
 _TOP = {"fps", "robot_type", "cameras", "state", "action", "instruction_topic", "language_topic", "ask_stream",
-        "ask_camera", "episode_topic", "tolerance", "video"}
+        "ask_action", "ask_camera", "episode_topic", "tolerance", "video"}
 
 
 def _only(section: str, value: Any, allowed: set[str]) -> dict[str, Any]:
@@ -162,7 +165,8 @@ def contract_from_dict(data: Mapping[str, Any]) -> Contract:
             action_source=str(action.get("source", "action_chunk")),
             action_names=tuple(map(str, action.get("names") or ())),
             instruction_topic=str(d.get("instruction_topic") or ""), language_topic=str(d.get("language_topic") or ""),
-            ask_stream=str(d.get("ask_stream", "ask")), ask_camera=str(d.get("ask_camera") or ""),
+            ask_stream=str(d.get("ask_stream", "ask")), ask_action=str(d.get("ask_action") or ""),
+            ask_camera=str(d.get("ask_camera") or ""),
             episode_topic=str(d.get("episode_topic") or ""),
             tolerance=Tolerances(**{k: float(v) for k, v in _only(
                 "tolerance", d.get("tolerance"), {f.name for f in dataclasses.fields(Tolerances)}).items()}),
@@ -196,7 +200,8 @@ def contract_from_preset(preset: Path | str, node: str = "/oxygen", fps: int | N
     """The contract for bags recorded around a node run with the preset ``preset`` (a params file): its
     ``camera_topics`` (``camera_names`` or the topics' names; ``/compressed`` where ``camera_compressed``),
     ``joint_names`` on ``/joint_states``, ``action_names``, ``control_rate_hz`` as fps (unless ``fps``), and the
-    node's own outputs: ``<node>/action_chunk`` (the step in force) and ``<node>/language_output``."""
+    node's own outputs: ``<node>/action_chunk`` (the step in force), ``<node>/language_output`` and the
+    ``<node>/ask`` action's recorded goals and results."""
     try:
         doc = yaml.safe_load(Path(preset).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
@@ -219,4 +224,4 @@ def contract_from_preset(preset: Path | str, node: str = "/oxygen", fps: int | N
     return Contract(cameras=cams, state_topic="/joint_states", action_topic=f"{node}/action_chunk", fps=int(rate),
                     robot_type=Path(preset).stem, state_names=tuple(params.get("joint_names") or ()),
                     action_source="action_chunk", action_names=tuple(params.get("action_names") or ()),
-                    language_topic=f"{node}/language_output")
+                    language_topic=f"{node}/language_output", ask_action=f"{node}/ask")

@@ -3,7 +3,9 @@
 ``/instruction`` (:mod:`oxygen_ros.evaluation.demo_bag`'s scene and messages), plus the node's outputs as they are
 recorded: ``/oxygen/action_chunk`` (one chunk per tick, stamped with its observation) and
 ``/oxygen/language_output`` (memory, subtask, narration and one ``~/ask`` answer, each stamped with the observation
-it was decoded from, arriving a few ticks later as the node's decode does). Deterministic.
+it was decoded from, arriving a few ticks later as the node's decode does), and that ``~/ask`` call's goal and result
+as rosbag2 records an action (``/oxygen/ask/_action/{send_goal,get_result}/_service_event``, the server's side).
+Deterministic.
 """
 
 from __future__ import annotations
@@ -18,9 +20,12 @@ from oxygen_ros.evaluation.demo_bag import DEFAULT_CAMERAS, DEFAULT_JOINT_NAMES,
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, STORAGES, oxygen_typestore
 from oxygen_ros.world.synthetic import joint_state, render_scene
 
-__all__ = ["ASK_ANSWER", "INSTRUCTIONS", "make_export_demo_bag"]
+from .ask import ask_topics, event_msgdef, register_ask_types
+
+__all__ = ["ASK_ANSWER", "ASK_QUESTION", "INSTRUCTIONS", "make_export_demo_bag"]
 
 INSTRUCTIONS = ("put the red block on the blue plate", "now stack the green block on the red block")
+ASK_QUESTION = "where is the red block?"
 ASK_ANSWER = "the red block is on the blue plate"
 HORIZON, DT_NS = 8, 50_000_000
 
@@ -31,6 +36,7 @@ def make_export_demo_bag(out: Path | str, duration_s: float = 2.0, rate_hz: floa
     """Write the bag to ``out`` (must not exist); the instruction changes at half time when ``change_instruction``."""
     out = Path(out)
     ts, _ = oxygen_typestore()
+    register_ask_types(ts)
     T = ts.types
     names = list(DEFAULT_JOINT_NAMES)
     n = max(2, round(duration_s * rate_hz))
@@ -41,6 +47,11 @@ def make_export_demo_bag(out: Path | str, duration_s: float = 2.0, rate_hz: floa
                   for c in cameras}
         c_chunk = w.add_connection("/oxygen/action_chunk", ACTION_TYPE, typestore=ts)
         c_lang = w.add_connection("/oxygen/language_output", LANGUAGE_TYPE, typestore=ts)
+        goal_topic, result_topic = ask_topics("/oxygen/ask")
+        c_goal, c_result = (w.add_connection(topic, f"oxygen_ros/action/Ask_{call}_Event",
+                                             msgdef=event_msgdef(f"oxygen_ros/action/Ask_{call}_Event"),
+                                             rihs01=ts.hash_rihs01(f"oxygen_ros/action/Ask_{call}_Event"))
+                            for topic, call in ((goal_topic, "SendGoal"), (result_topic, "GetResult")))
         pending: list[tuple[int, object]] = []
 
         def write(conn, stamp: int, msg) -> None:
@@ -55,7 +66,8 @@ def make_export_demo_bag(out: Path | str, duration_s: float = 2.0, rate_hz: floa
             stamp = START_TIME_NS + round(k * 1e9 / rate_hz)
             t = k / rate_hz
             for s, msg in [p for p in pending if p[0] <= stamp]:
-                write(c_lang, s, msg)
+                conn, msg = msg if isinstance(msg, tuple) else (c_lang, msg)
+                write(conn, s, msg)
             pending = [p for p in pending if p[0] > stamp]
             instr = INSTRUCTIONS[1] if change_instruction and k >= n // 2 else INSTRUCTIONS[0]
             if k == 0 or (change_instruction and k == n // 2):
@@ -77,10 +89,43 @@ def make_export_demo_bag(out: Path | str, duration_s: float = 2.0, rate_hz: floa
                         header=_header(T, stamp, ""), request_id=1000 + k, frame_index=k, task=task, stream=task,
                         text=text, num_tokens=len(text.split()), eos=True, latency=dur(150_000_000))))
             if k == n // 3:
-                pending.append((stamp + 250_000_000, T[LANGUAGE_TYPE](
+                answered = stamp + 250_000_000
+                pending.append((answered, T[LANGUAGE_TYPE](
                     header=_header(T, stamp, ""), request_id=7, frame_index=k, task="answer", stream="ask",
                     text=ASK_ANSWER, num_tokens=8, eos=True, latency=dur(250_000_000))))
+                for topic_conn, msg in _ask_events(T, stamp - 30_000_000, answered, stamp):
+                    pending.append((msg.info.stamp.sec * 1_000_000_000 + msg.info.stamp.nanosec,
+                                    (topic_conn == "goal" and c_goal or c_result, msg)))
         end = START_TIME_NS + round(n * 1e9 / rate_hz)
         for s, msg in pending:
-            write(c_lang, min(s, end), msg)
+            conn, msg = msg if isinstance(msg, tuple) else (c_lang, msg)
+            write(conn, min(s, end), msg)
     return out
+
+
+def _ask_events(T, asked_ns: int, answered_ns: int, observation_ns: int) -> list:
+    """The server side of one ~/ask call as rosbag2 records it: send_goal request received and response sent at
+    ``asked_ns``; get_result request received then, its response sent at ``answered_ns``."""
+    p = "oxygen_ros/action/Ask_"
+    gid = T["unique_identifier_msgs/msg/UUID"](uuid=np.arange(16, dtype=np.uint8))
+    client = np.full(16, 7, dtype=np.uint8)
+
+    def time(ns: int):
+        return T["builtin_interfaces/msg/Time"](sec=ns // 1_000_000_000, nanosec=ns % 1_000_000_000)
+
+    def info(kind: int, ns: int, seq: int):
+        return T["service_msgs/msg/ServiceEventInfo"](event_type=kind, stamp=time(ns), client_gid=client,
+                                                      sequence_number=seq)
+
+    goal = T[f"{p}Goal"](question=ASK_QUESTION, task="", prompt="", max_new_tokens=0)
+    result = T[f"{p}Result"](text=ASK_ANSWER, observation_stamp=time(observation_ns), latency_frames=3,
+                             latency_s=0.25, eos=True, stream="ask", request_id=7, error="")
+    send_req, send_resp = T[f"{p}SendGoal_Request"](goal_id=gid, goal=goal), T[f"{p}SendGoal_Response"](
+        accepted=True, stamp=time(asked_ns))
+    get_req = T[f"{p}GetResult_Request"](goal_id=gid)
+    get_resp = T[f"{p}GetResult_Response"](status=4, result=result)
+    ev_send, ev_get = T[f"{p}SendGoal_Event"], T[f"{p}GetResult_Event"]
+    return [("goal", ev_send(info=info(1, asked_ns, 1), request=[send_req], response=[])),
+            ("goal", ev_send(info=info(2, asked_ns, 1), request=[], response=[send_resp])),
+            ("result", ev_get(info=info(1, asked_ns, 1), request=[get_req], response=[])),
+            ("result", ev_get(info=info(2, answered_ns, 1), request=[], response=[get_resp]))]

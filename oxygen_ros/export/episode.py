@@ -41,6 +41,7 @@ from rosbags.highlevel import AnyReader
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, IMAGE_TYPES, LANGUAGE_TYPE, oxygen_typestore
 from oxygen_ros.ros.image_conversion import ImageError, compressed_msg_to_array, image_msg_to_array
 
+from .ask import ask_records, ask_topics, register_ask_types
 from .contract import Contract
 
 __all__ = ["LANGUAGE_STYLES", "NARRATION_STYLE", "Episode", "ExportError", "bag_parts", "read_episodes"]
@@ -107,6 +108,7 @@ def _read(bag: Path, contract: Contract) -> tuple[dict[str, _Stream], int, int]:
     try:
         reader = AnyReader(bag_parts(bag), default_typestore=ts)
         reader.open()
+        register_ask_types(reader.typestore)  # where the bag does not define them itself
     except Exception as exc:  # rosbags raises its own errors for corrupt / truncated / missing storage
         raise ExportError(f"cannot open the bag: {type(exc).__name__}: {exc}") from exc
     try:
@@ -123,6 +125,10 @@ def _read(bag: Path, contract: Contract) -> tuple[dict[str, _Stream], int, int]:
             roles.append(("instruction", contract.instruction_topic, (STRING_TYPE,), False))
         if contract.language_topic:
             roles.append(("language", contract.language_topic, (LANGUAGE_TYPE,), False))
+        if contract.ask_action:
+            goal, result = ask_topics(contract.ask_action)
+            roles.append(("ask goals", goal, ("oxygen_ros/action/Ask_SendGoal_Event",), False))
+            roles.append(("ask results", result, ("oxygen_ros/action/Ask_GetResult_Event",), False))
         if contract.episode_topic:
             roles.append(("episode", contract.episode_topic, tuple(t for v in types.values() for t in v), True))
         missing = sorted({t for _, t, _, req in roles if req and t not in types})
@@ -325,32 +331,58 @@ def _language(ep: Episode, streams: Mapping[str, _Stream], c: Contract) -> None:
         if ep.tasks[k] != ep.tasks[k - 1]:
             ep.persistent.append({"role": "user", "content": ep.tasks[k], "style": "task_aug",
                                   "timestamp": float(np.float32(k / fps)), "camera": None, "tool_calls": None})
-    s = streams.get(c.language_topic) if c.language_topic else None
-    if s is None:
-        return
     tol = int(c.tolerance.language_s * NS)
-    for m in s.msgs:
-        stamp = _stamp_ns(m.header)
+
+    def frame_of(stamp: int) -> int | None:
         k = int(np.searchsorted(ep.times_ns, stamp))
         near = [j for j in (k - 1, k) if 0 <= j < ep.length]
         if not near:
-            ep.language_unmatched += 1
-            continue
+            return None
         j = min(near, key=lambda j: abs(int(ep.times_ns[j]) - stamp))
-        if abs(int(ep.times_ns[j]) - stamp) > tol:
+        return j if abs(int(ep.times_ns[j]) - stamp) <= tol else None
+
+    answered: set[int] = set()
+    if c.ask_action:
+        goal, result = ask_topics(c.ask_action)
+        for a in ask_records(streams[goal].msgs, streams[result].msgs):
+            j = frame_of(a.observation_stamp_ns)
+            if j is None or j in ep.events:  # LeRobot allows one question and answer per frame and camera
+                ep.language_unmatched += 1
+                continue
+            answered.add(a.request_id)
+            ep.events[j] = [{"role": "user", "content": a.question, "style": "vqa", "camera": c.vqa_camera,
+                             "tool_calls": None},
+                            {"role": "assistant", "content": _vqa_answer("answer", a.text), "style": "vqa",
+                             "camera": c.vqa_camera, "tool_calls": None}]
+    s = streams.get(c.language_topic) if c.language_topic else None
+    for m in s.msgs if s is not None else ():
+        j = frame_of(_stamp_ns(m.header))
+        if j is None:
             ep.language_unmatched += 1
             continue
         stream = str(m.stream or m.task)
         ts = float(np.float32(j / fps))
         if stream == c.ask_stream:
-            # LeRobot's vqa answers are JSON of one of its answer shapes: the free-text answer as an attribute
-            answer = json.dumps({"attribute": "answer", "label": str(m.task or "answer"), "value": str(m.text)},
-                                sort_keys=True)
-            ep.events.setdefault(j, []).append({"role": "assistant", "content": answer, "style": "vqa",
+            if int(m.request_id) in answered:  # its question and answer came from the action's records
+                continue
+            if j in ep.events:
+                ep.language_unmatched += 1
+                continue
+            ep.events.setdefault(j, []).append({"role": "assistant", "content": _vqa_answer(m.task, m.text),
+                                                "style": "vqa",
                                                 "camera": c.vqa_camera, "tool_calls": None})
         elif str(m.task) in LANGUAGE_STYLES:
             ep.persistent.append({"role": "assistant", "content": str(m.text), "style": LANGUAGE_STYLES[str(m.task)],
                                   "timestamp": ts, "camera": None, "tool_calls": None})
         else:
             ep.language_unmatched += 1
+    # LeRobot's annotation writer's orders: persistent by (timestamp, style, role), a frame's events by
+    # (style, role, camera)
     ep.persistent.sort(key=lambda r: (r["timestamp"], r["style"] or "", r["role"]))
+    for rows in ep.events.values():
+        rows.sort(key=lambda r: (r["style"] or "", r["role"] or "", r["camera"] or ""))
+
+
+def _vqa_answer(task: str, text: str) -> str:
+    """LeRobot's vqa answers are JSON of one of its answer shapes: the free-text answer as an ``attribute``."""
+    return json.dumps({"attribute": "answer", "label": str(task or "answer"), "value": str(text)}, sort_keys=True)

@@ -48,8 +48,12 @@ def plot_frames(dataset: Path, out: Path, frames: list[int] | None = None) -> Pa
             if r["timestamp"] <= row["timestamp"] + 1e-6:
                 active[r["style"]] = r["content"]
         lines = [f"task: {tasks[row['task_index']]}"] + [f"{s}: {t}" for s, t in sorted(active.items())]
-        lines += [f"event {e['style']} ({e['camera'].split('.')[-1]}): {json.loads(e['content'])['value']}"
-                  if e["style"] == "vqa" else f"event {e['style']}: {e['content']}" for e in row["language_events"]]
+        for e in sorted(row["language_events"], key=lambda e: e["role"] != "user"):  # the question first
+            text = e["content"]
+            if e["style"] == "vqa" and e["role"] == "assistant":
+                text = json.loads(text).get("value", text)
+            where = f" ({e['camera'].split('.')[-1]})" if e["camera"] else ""
+            lines.append(f"event {e['style']} {e['role']}{where}: {text}")
         ax = axes[-1, j]
         ax.set_axis_off()
         ax.text(0, 1, "\n".join(textwrap.fill(line, 38) for line in lines), va="top", ha="left", fontsize=7,
