@@ -240,7 +240,7 @@ def _write(episodes: Sequence[Episode], root: Path, fps: int, robot_type: str, v
     info = {"codebase_version": CODEBASE_VERSION, "fps": fps, "features": features,
             "total_episodes": len(episodes), "total_frames": frames_total, "total_tasks": len(tasks),
             "chunks_size": CHUNKS_SIZE, "data_files_size_in_mb": 100, "video_files_size_in_mb": 200,
-            "data_path": DATA_PATH.replace(".parquet", "").replace("data/", "data/") + ".parquet",
+            "data_path": DATA_PATH,
             "video_path": VIDEO_PATH, "robot_type": robot_type, "splits": {"train": f"0:{len(episodes)}"}}
     (root / "meta" / "info.json").write_text(json.dumps(info, indent=4, ensure_ascii=False))
     (root / "meta" / "stats.json").write_text(json.dumps(serialize_stats(aggregate_stats(all_stats)), indent=4))
