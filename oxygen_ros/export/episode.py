@@ -78,6 +78,13 @@ class Episode:
     dropped: Counter = field(default_factory=Counter)
     language_unmatched: int = 0
     bag_duration_s: float = 0.0
+    # set when the frames were encoded elsewhere (a fleet worker) and dropped to keep results small
+    image_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    image_stats: dict[str, dict] | None = None
+
+    def camera_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Feature key -> [H, W, 3]."""
+        return {k: tuple(v.shape[1:]) for k, v in self.images.items()} or dict(self.image_shapes)
 
     @property
     def length(self) -> int:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 __all__ = ["DEFAULT_QUANTILES", "RunningQuantileStats", "aggregate_stats", "episode_stats", "get_feature_stats",
-           "sample_indices", "serialize_stats"]
+           "image_stats", "sample_indices", "serialize_stats"]
 
 DEFAULT_QUANTILES = [0.01, 0.10, 0.50, 0.90, 0.99]
 
@@ -143,15 +143,23 @@ def get_feature_stats(array: np.ndarray, image: bool) -> dict[str, np.ndarray]:
     return out
 
 
-def episode_stats(columns: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray]) -> dict[str, dict]:
-    """One episode's stats: ``columns`` numeric feature -> [N] or [N, D]; ``images`` video feature -> the episode's
-    frames [N, H, W, C] uint8 (sampled, channel-first, downsampled as LeRobot does, divided by 255)."""
+def image_stats(images: Mapping[str, np.ndarray]) -> dict[str, dict]:
+    """Video features' stats: each episode's frames [N, H, W, C] uint8 sampled, channel-first, downsampled as
+    LeRobot does, reduced per channel, divided by 255."""
     stats: dict[str, dict] = {}
     for key, frames in images.items():
         idx = sample_indices(len(frames))
         sampled = np.stack([_downsample(np.ascontiguousarray(frames[i].transpose(2, 0, 1))) for i in idx])
         s = get_feature_stats(sampled, image=True)
         stats[key] = {k: v if k == "count" else np.squeeze(v / 255.0, axis=0) for k, v in s.items()}
+    return stats
+
+
+def episode_stats(columns: Mapping[str, np.ndarray], images: Mapping[str, np.ndarray] | None = None,
+                  images_done: Mapping[str, dict] | None = None) -> dict[str, dict]:
+    """One episode's stats in LeRobot's order (cameras, then the columns): ``columns`` numeric feature -> [N] or
+    [N, D]; the cameras' from ``images`` (:func:`image_stats`) or already computed (``images_done``)."""
+    stats = dict(images_done) if images_done is not None else image_stats(images or {})
     for key, data in columns.items():
         stats[key] = get_feature_stats(np.asarray(data), image=False)
     return stats

@@ -10,6 +10,7 @@ from typing import Any
 
 from .contract import Contract
 from .episode import ExportError, read_episodes
+from .stats import image_stats
 from .writer import encode_video, pick_codec
 
 __all__ = ["ExportWorker"]
@@ -38,6 +39,9 @@ class ExportWorker:
                     path = self.staging / f"{slot:05d}_{e:03d}" / f"{key}.mp4"
                     encode_video(frames, path, self.contract.fps, self.codec, self.contract.video)
                     videos[key] = str(path)
+                # the frames stay here: their stats and shapes go back, the videos are files
+                ep.image_stats, ep.image_shapes = image_stats(ep.images), ep.camera_shapes()
+                ep.images = {}
                 row["episodes"].append({"episode": ep, "videos": videos})
         except ExportError as exc:
             row.update(status="failed", reason=str(exc))

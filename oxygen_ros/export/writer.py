@@ -130,8 +130,8 @@ def _file_indices(n: int) -> tuple[int, int]:
 def features_of(ep: Episode, fps: int, video_info: dict[str, dict] | None = None) -> dict[str, dict]:
     """info.json ``features``: cameras (video), state, action, the language columns, then LeRobot's defaults."""
     feats: dict[str, dict] = {}
-    for key, frames in ep.images.items():
-        feats[key] = {"dtype": "video", "shape": list(frames.shape[1:]), "names": ["height", "width", "channels"]}
+    for key, shape in ep.camera_shapes().items():
+        feats[key] = {"dtype": "video", "shape": list(shape), "names": ["height", "width", "channels"]}
         if video_info and key in video_info:
             feats[key]["info"] = video_info[key]
     feats["observation.state"] = {"dtype": "float32", "shape": [ep.state.shape[1]], "names": list(ep.state_names)}
@@ -149,8 +149,7 @@ def _check_same(episodes: Sequence[Episode]) -> None:
     for ep in episodes[1:]:
         for what, a, b in (("state names", ep.state_names, first.state_names),
                            ("action names", ep.action_names, first.action_names),
-                           ("cameras", {k: v.shape[1:] for k, v in ep.images.items()},
-                            {k: v.shape[1:] for k, v in first.images.items()})):
+                           ("cameras", ep.camera_shapes(), first.camera_shapes())):
             if a != b:
                 raise ValueError(f"{ep.bag}: {what} {a} differ from the first episode's {b}")
 
@@ -200,13 +199,13 @@ def _write(episodes: Sequence[Episode], root: Path, fps: int, robot_type: str, v
             "index": np.arange(frames_total, frames_total + n, dtype=np.int64),
             "task_index": np.array([tasks[t] for t in ep.tasks], dtype=np.int64),
         }
-        stats = episode_stats(columns, ep.images)  # cameras first, as LeRobot orders them
+        stats = episode_stats(columns, ep.images, ep.image_stats)  # cameras first, as LeRobot orders them
         all_stats.append(stats)
         tables.append(_frame_table(ep, columns))
         row: dict[str, Any] = {"episode_index": e, "tasks": list(dict.fromkeys(ep.tasks)), "length": n,
                                "data/chunk_index": 0, "data/file_index": 0, "dataset_from_index": frames_total,
                                "dataset_to_index": frames_total + n}
-        for key, frames in ep.images.items():
+        for key in ep.camera_shapes():
             chunk, file = _file_indices(e)
             path = root / VIDEO_PATH.format(video_key=key, chunk_index=chunk, file_index=file)
             done = videos_done[e].get(key) if videos_done else None
@@ -214,7 +213,7 @@ def _write(episodes: Sequence[Episode], root: Path, fps: int, robot_type: str, v
                 path.parent.mkdir(parents=True, exist_ok=True)
                 shutil.move(str(done), path)
             else:
-                encode_video(frames, path, fps, codec, video)
+                encode_video(ep.images[key], path, fps, codec, video)
             info, duration = _video_info(path, video)
             video_info.setdefault(key, info)
             row.update({f"videos/{key}/chunk_index": chunk, f"videos/{key}/file_index": file,
