@@ -80,8 +80,8 @@ def export_bags(bags: Sequence[str | Path], contract: Contract, out: Path | str,
                 workers: int | None = None, ray_address: str | None = None,
                 progress: bool | None = None) -> dict[str, Any]:
     """Export ``bags`` (bags, folders of bags or globs; one episode per bag, or per ``episode_topic`` segment)
-    into the dataset ``out``. ``use_ray``: True / None (when installed) runs the bags on Ray actors; False in this
-    process. Returns the report (also written to ``<out>/meta/export.json`` when any episode was written);
+    into the dataset ``out``. ``use_ray``: True runs the bags on Ray actors; None: on Ray when it is installed and
+    there are several bags; False: in this process. Returns the report (also written to ``<out>/meta/export.json`` when any episode was written);
     ``report["written"]`` is False when no bag gave an episode (nothing is written then)."""
     from oxygen_ros.evaluation.fleet import find_bags, ray_available  # the driver's only (it loads torch)
 
@@ -98,8 +98,8 @@ def export_bags(bags: Sequence[str | Path], contract: Contract, out: Path | str,
     out = Path(out)
     if out.exists():
         raise FileExistsError(f"{out} exists; choose a new folder")
-    if use_ray is None:
-        use_ray = bool(ray_address) or ray_available()
+    if use_ray is None:  # Ray pays its start-up (seconds) only for several bags
+        use_ray = bool(ray_address) or (ray_available() and len(paths) > 1)
     t0 = time.perf_counter()
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.staging.", dir=out.parent))
