@@ -81,8 +81,9 @@ def export_bags(bags: Sequence[str | Path], contract: Contract, out: Path | str,
                 progress: bool | None = None) -> dict[str, Any]:
     """Export ``bags`` (bags, folders of bags or globs; one episode per bag, or per ``episode_topic`` segment)
     into the dataset ``out``. ``use_ray``: True runs the bags on Ray actors; None: on Ray when it is installed and
-    there are several bags; False: in this process. Returns the report (also written to ``<out>/meta/export.json`` when any episode was written);
-    ``report["written"]`` is False when no bag gave an episode (nothing is written then)."""
+    there are several bags; False: in this process. Returns the report (also written to
+    ``<out>/meta/export.json`` when any episode was written); ``report["written"]`` is False when no bag gave an
+    episode (nothing is written then)."""
     from oxygen_ros.evaluation.fleet import find_bags, ray_available  # the driver's only (it loads torch)
 
     paths = []
