@@ -17,6 +17,7 @@ Written into a temporary sibling folder and renamed onto ``out`` at the end: not
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -89,6 +90,7 @@ def encode_video(frames: np.ndarray, path: Path, fps: int, codec: str, s: VideoS
     """[N, H, W, 3] uint8 -> ``path`` (mp4) with PyAV, frame by frame as LeRobot's ``encode_video_frames``."""
     import av
 
+    os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner per stream on stderr: errors only
     path.parent.mkdir(parents=True, exist_ok=True)
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, fps, options=codec_options(codec, s))
