@@ -46,6 +46,7 @@ setup(
             "oxygen-make-demo-bag = oxygen_ros.evaluation.cli:make_demo_bag_main",
             "oxygen-replay-bag = oxygen_ros.evaluation.cli:replay_bag_main",
             "oxygen-evaluate-bag = oxygen_ros.evaluation.cli:main",
+            "oxygen-export-lerobot = oxygen_ros.export.cli:main",
             "oxygen-sim = oxygen_ros.sim.node:main",
             "oxygen-launch = oxygen_ros.tools.launch_file:main",
             "oxygen-ask = oxygen_ros.tools.ask:main",
