@@ -31,6 +31,7 @@ from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
 from oxygen_ros.policy.runner import LanguageSchedule
 
 from .keys import KEY_MAPS, key_map_for
+from .lerobot_server import LeRobotServer, Limits
 from .server import PolicyServer
 from .sessions import QuestionConfig, SessionPool
 
@@ -60,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (the shared options first, then the server's)."""
     ap = argparse.ArgumentParser(prog="oxygen-serve", description=(
         "Serve a pi0.5 checkpoint over openpi's websocket policy protocol (openpi_client.WebsocketClientPolicy "
-        "clients run unchanged); several clients are batched, and responses may carry language outputs and "
-        "answers."), formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "clients run unchanged) or, with --protocol lerobot, LeRobot's async-inference gRPC service (its "
+        "RobotClient); several clients are batched, and language outputs come in responses (openpi) or a JSON-lines "
+        "log (lerobot)."), formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--config", type=Path, help="node parameter file (config/*.yaml): its shared options become "
                                                 "the defaults")
     shared = ap.add_argument_group("checkpoint, engine and language (the node's parameters of the same names)")
@@ -84,9 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--stream", action="append", default=[], metavar="NAME.FIELD=VALUE",
                         help="a language stream's field (" + ", ".join(_STREAM_FIELDS) + ")")
     srv = ap.add_argument_group("server")
+    srv.add_argument("--protocol", default="openpi", choices=("openpi", "lerobot"),
+                     help="openpi: openpi's websocket policy protocol; lerobot: LeRobot 0.6.1's async-inference gRPC "
+                          "service (its RobotClient)")
     srv.add_argument("--host", default="0.0.0.0")
-    srv.add_argument("--port", type=int, default=8000, help="0: any free port")
-    srv.add_argument("--api-key", default="", help="require openpi-client's API key header ('' = open)")
+    srv.add_argument("--port", type=int, default=None, help="0: any free port (default: 8000 openpi, 8080 lerobot)")
+    srv.add_argument("--api-key", default="", help="require this API key ('' = open): openpi-client's header, or "
+                                                   "the gRPC metadata 'authorization: Api-Key <key>'")
     srv.add_argument("--keys", default="auto", choices=("auto", *KEY_MAPS),
                      help="observation key map; auto: the checkpoint's openpi robot (libero, droid, aloha), else "
                           "generic")
@@ -98,6 +104,20 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a batch starts at most this long after its first request arrived")
     srv.add_argument("--max-batch", type=int, default=16, help="observations per batched frame at most")
     srv.add_argument("--max-message-mb", type=float, default=0.0, help="largest request (0: no limit, as openpi)")
+    lr = ap.add_argument_group("lerobot protocol")
+    lr.add_argument("--fps", type=float, default=30.0, help="the robot's control rate (LeRobot's --fps): action i "
+                                                           "of a chunk is stamped timestamp + i / fps")
+    lr.add_argument("--obs-queue-timeout", type=float, default=2.0,
+                    help="seconds GetActions waits for an observation before answering empty")
+    lr.add_argument("--checkpoint-alias", action="append", default=[],
+                    help="a pretrained_name_or_path clients may send for the served checkpoint (e.g. its Hub repo "
+                         "id); its resolved path is always accepted, any other name is refused")
+    lr.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve TLS only")
+    lr.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    lr.add_argument("--max-payload-mb", type=float, default=64.0, help="largest pickled payload")
+    lr.add_argument("--max-chunks", type=int, default=64, help="most messages in one SendObservations stream")
+    lr.add_argument("--language-log", type=Path, default=None,
+                    help="JSON-lines file of language outputs and answers, with their observation timestep")
     srv.add_argument("--log-level", default="INFO")
     return ap
 
@@ -154,7 +174,7 @@ def runner_params(args: argparse.Namespace) -> tuple[RunnerParams, tuple[StreamP
     return p, tuple(streams)
 
 
-def build_server(args: argparse.Namespace) -> PolicyServer:
+def build_server(args: argparse.Namespace) -> PolicyServer | LeRobotServer:
     """Load the checkpoint and build the server the parsed flags describe (on a thread that ends, so the thread
     that serves inference is the process's only OpenMP team: ``engine/threads.py``).
 
@@ -192,10 +212,25 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
                        seed=p.seed, n_execute=p.actions_per_chunk or None, condition_on=p.subtask_conditioning,
                        questions=questions,
                        key_map=key_map_for(args.keys, policy.spec), default_prompt=args.default_prompt)
+    if args.protocol == "lerobot":
+        return _lerobot_server(args, pool)
     metadata = json.loads(args.metadata) if args.metadata else None
-    return PolicyServer(pool, host=args.host, port=args.port, api_key=args.api_key or None, metadata=metadata,
+    return PolicyServer(pool, host=args.host, port=8000 if args.port is None else args.port, api_key=args.api_key or None, metadata=metadata,
                         serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
                         max_message_bytes=int(args.max_message_mb * 2**20) or None)
+
+
+def _lerobot_server(args: argparse.Namespace, pool: SessionPool) -> LeRobotServer:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert is not None else None
+    checkpoint = str(args.checkpoint_path)
+    names = {checkpoint, str(Path(checkpoint).expanduser().resolve()), *args.checkpoint_alias}
+    limits = Limits(max_payload_bytes=int(args.max_payload_mb * 2**20), max_chunks=args.max_chunks)
+    return LeRobotServer(pool, checkpoint_names=names, host=args.host, port=8080 if args.port is None else args.port,
+                         api_key=args.api_key or None, tls=tls, fps=args.fps,
+                         obs_queue_timeout_s=args.obs_queue_timeout, window_s=args.batch_window_ms / 1e3,
+                         max_batch=args.max_batch, limits=limits, language_log=args.language_log)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

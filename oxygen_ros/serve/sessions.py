@@ -51,13 +51,16 @@ class QuestionConfig:
 
 @dataclass
 class Request:
-    """One client request: its observation, the noise it fixes (None: the client's seeded noise) and a question."""
+    """One client request: its observation, the noise it fixes (None: the client's seeded noise), a question, and
+    whether its response holds the whole chunk (``chunk``: LeRobot's protocol returns it, openpi's the executed
+    part only)."""
 
     session: Session
     raw: RawObservation
     noise: np.ndarray | None = None
     question: str = ""
     received: float = field(default_factory=time.monotonic)
+    full_chunk: bool = False
 
 
 @dataclass
@@ -251,6 +254,8 @@ class SessionPool:
                                     "policy_timing": {"infer_ms": out.chunk.inference_s * 1e3},
                                     "oxygen": {"request": s.requests - 1, "batch_size": batch,
                                                "seed": s.seed, "inflight": s.runner.engine.backlog}}
+        if r.full_chunk:
+            response["chunk"] = out.chunk.chunk
         if ask_id is not None:
             response["ask_id"] = ask_id
         if s.language:
