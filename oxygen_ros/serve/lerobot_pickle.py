@@ -32,6 +32,7 @@ import enum
 import io
 import math
 import pickle
+import pickletools
 import struct
 from collections import OrderedDict
 from dataclasses import MISSING, dataclass, field, fields
@@ -257,20 +258,39 @@ class _StorageUnpickler(pickle.Unpickler):
         return pid[2]
 
 
+def _scanned(f: io.BytesIO) -> _StorageUnpickler:
+    """An unpickler for the next pickle in ``f``, its opcodes checked first (:func:`_prescan`)."""
+    start = f.tell()
+    stop = None
+    try:
+        for op, _, pos in pickletools.genops(f):
+            if op.name == "STOP":
+                stop = pos + 1
+                break
+    except Exception as e:
+        raise PayloadError(f"malformed torch storage: {type(e).__name__}: {e}") from None
+    if stop is None:
+        raise PayloadError("malformed torch storage: no STOP opcode")
+    f.seek(start)
+    _prescan(f.read(stop - start))
+    f.seek(start)
+    return _StorageUnpickler(f)
+
+
 def _load_from_bytes(data: object) -> _Storage:
     """torch's legacy ``torch.save(storage)`` bytes -> the storage's elements (no ``torch.load``)."""
     if not isinstance(data, bytes):
         raise PayloadError("a torch storage must be bytes")
     f = io.BytesIO(data)
     try:
-        magic, protocol, info = (_StorageUnpickler(f).load() for _ in range(3))
+        magic, protocol, info = (_scanned(f).load() for _ in range(3))
         if magic != _LEGACY_MAGIC or protocol != _LEGACY_PROTOCOL:
             raise PayloadError("not torch's legacy storage format")
         if not isinstance(info, dict) or info.get("little_endian") is not True:
             raise PayloadError("a torch storage must be little-endian")
-        inner = _StorageUnpickler(f)
+        inner = _scanned(f)
         key = inner.load()
-        keys = _StorageUnpickler(f).load()
+        keys = _scanned(f).load()
     except PayloadError:
         raise
     except Exception as e:
@@ -346,6 +366,31 @@ _FUNCTIONS: dict[tuple[str, str], Any] = {
     ("builtins", "bytearray"): _container(bytearray), ("_codecs", "encode"): _latin1}
 
 
+MAX_OPCODES = 1 << 20
+_MEMO_OPS = {"PUT", "BINPUT", "LONG_BINPUT", "GET", "BINGET", "LONG_BINGET"}
+
+
+def _prescan(data: bytes) -> None:
+    """Walk the opcodes once before unpickling (``pickletools.genops``, which builds nothing): at most
+    :data:`MAX_OPCODES`, one pickle, and memo indices within the opcodes seen. CPython's unpickler sizes its memo
+    by the largest index a PUT names: a 20-byte pickle could make it allocate and zero gigabytes."""
+    count, end = 0, False
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+            count += 1
+            if count > MAX_OPCODES:
+                raise PayloadError(f"more than {MAX_OPCODES} pickle opcodes")
+            if op.name in _MEMO_OPS and (not isinstance(arg, int) or not 0 <= arg <= count):
+                raise PayloadError(f"pickle memo index {arg!r} out of range")
+            end = op.name == "STOP"
+    except PayloadError:
+        raise
+    except Exception as e:
+        raise PayloadError(f"not a valid payload: {type(e).__name__}: {e}") from None
+    if not end:
+        raise PayloadError("not a valid payload: no STOP opcode")
+
+
 class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         found = _CLASSES.get((module, name)) or _FUNCTIONS.get((module, name))
@@ -407,8 +452,10 @@ def loads(data: bytes | bytearray | memoryview) -> Any:
     Raises:
         PayloadError: what was refused or malformed, named.
     """
+    data = bytes(data)
+    _prescan(data)
     try:
-        obj = _SafeUnpickler(io.BytesIO(bytes(data))).load()
+        obj = _SafeUnpickler(io.BytesIO(data)).load()
     except PayloadError:
         raise
     except RecursionError:
@@ -427,9 +474,12 @@ class _Pickler(pickle._Pickler):  # the Python pickler: its dispatch can write L
 
     def _save_payload(self, obj: _Payload | FeatureType) -> None:
         module, name = _NAMES[type(obj)]
-        self.save(module)
-        self.save(name)
-        self.write(pickle.STACK_GLOBAL)
+        if self.proto >= 4:
+            self.save(module)
+            self.save(name)
+            self.write(pickle.STACK_GLOBAL)
+        else:
+            self.write(pickle.GLOBAL + f"{module}\n{name}\n".encode())
         if isinstance(obj, FeatureType):
             self.save((obj.value,))
             self.write(pickle.REDUCE)
@@ -445,9 +495,12 @@ class _Pickler(pickle._Pickler):  # the Python pickler: its dispatch can write L
         dispatch[_cls] = _save_payload
 
 
-def dumps(obj: Any) -> bytes:
+def dumps(obj: Any, protocol: int = 4) -> bytes:
     """``obj`` (LeRobot payloads of this module's classes, containers, numpy arrays, torch tensors) as the pickle
-    LeRobot's ``pickle.loads`` rebuilds with its own classes (protocol 4, as LeRobot's ``pickle.dumps``)."""
+    LeRobot's ``pickle.loads`` rebuilds with its own classes (protocol 4: LeRobot's ``pickle.dumps`` on Python
+    3.12 / 3.13; 2 to 5 accepted)."""
+    if not 2 <= protocol <= 5:
+        raise ValueError(f"protocol {protocol}: 2 to 5")
     f = io.BytesIO()
-    _Pickler(f, protocol=4).dump(obj)
+    _Pickler(f, protocol=protocol).dump(obj)
     return f.getvalue()

@@ -25,6 +25,7 @@ tensors, action i stamped ``timestamp + i / fps`` and ``timestep + i``.
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import json
 import logging
@@ -186,12 +187,16 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         limits: payload bounds.
         language_log: JSON-lines file for language outputs and answers (None: only the log).
         max_workers: gRPC handler threads (each waiting ``GetActions`` holds one).
+        client_idle_s: a client not heard from for this long is gone (gRPC tells a server nothing when a
+            connection closes; a RobotClient polls ``GetActions`` at least every ``obs_queue_timeout``): its session
+            closes, so batches stop waiting for it.
     """
 
     def __init__(self, pool: SessionPool, *, checkpoint_names: Iterable[str], host: str = "0.0.0.0",
                  port: int = 8080, api_key: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  fps: float = 30.0, obs_queue_timeout_s: float = 2.0, window_s: float = 0.005, max_batch: int = 16,
-                 limits: Limits | None = None, language_log: Path | None = None, max_workers: int = 0) -> None:
+                 limits: Limits | None = None, language_log: Path | None = None, max_workers: int = 0,
+                 client_idle_s: float = 30.0) -> None:
         if not fps > 0 or obs_queue_timeout_s < 0:
             raise ValueError("fps must be > 0 and obs_queue_timeout_s >= 0")
         self.pool, self.host, self.port = pool, host, port
@@ -203,6 +208,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         self.auth = _ApiKey(api_key) if api_key else None
         self.language_log = language_log
         self.max_workers = max_workers or max(8, 4 * max_batch)
+        self.client_idle_s = client_idle_s
         self.image_shapes = _image_shapes(pool.policy.spec.checkpoint)
         self.stats = {"refused_payloads": 0, "refused_checkpoints": 0, "skipped_observations": 0, "served": 0}
         # replay hook for tests and fixtures (not reachable from the network): (client key, timestep) -> x_1
@@ -267,13 +273,18 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
 
     def _client(self, context: grpc.ServicerContext, fresh: bool = False) -> _Client:
         key = self.client_key(context)
+        now = time.monotonic()
         with self._lock:
+            for gone in [c for c in self._clients.values() if c.key != key and now - c.seen > self.client_idle_s]:
+                log.info(f"client {gone.key}: idle for {now - gone.seen:.0f} s, closed")
+                self.pool.close(gone.session)
+                del self._clients[gone.key]
             client = self._clients.get(key)
             if client is None or fresh:
                 if client is not None:
                     self.pool.close(client.session)
                 client = self._clients[key] = _Client(key, self.pool.open())
-            client.seen = time.monotonic()
+            client.seen = now
             return client
 
     @property
@@ -330,10 +341,8 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
             if not (obs.must_go or client.last_processed is None or self._is_new(pending, client)):
                 self.stats["skipped_observations"] += 1
                 return services_pb2.Empty()
-            try:
+            with contextlib.suppress(queue.Empty):
                 client.observations.get_nowait()  # a newer one replaces it
-            except queue.Empty:
-                pass
             client.observations.put_nowait(pending)
         return services_pb2.Empty()
 

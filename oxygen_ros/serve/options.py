@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     lr.add_argument("--max-payload-mb", type=float, default=64.0, help="largest pickled payload")
     lr.add_argument("--max-chunks", type=int, default=64, help="most messages in one SendObservations stream")
+    lr.add_argument("--client-idle-s", type=float, default=30.0,
+                    help="a client silent this long is gone: its session closes (batches stop waiting for it)")
     lr.add_argument("--language-log", type=Path, default=None,
                     help="JSON-lines file of language outputs and answers, with their observation timestep")
     srv.add_argument("--log-level", default="INFO")
@@ -215,7 +217,8 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
     if args.protocol == "lerobot":
         return _lerobot_server(args, pool)
     metadata = json.loads(args.metadata) if args.metadata else None
-    return PolicyServer(pool, host=args.host, port=8000 if args.port is None else args.port, api_key=args.api_key or None, metadata=metadata,
+    return PolicyServer(pool, host=args.host, port=8000 if args.port is None else args.port,
+                        api_key=args.api_key or None, metadata=metadata,
                         serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
                         max_message_bytes=int(args.max_message_mb * 2**20) or None)
 
@@ -230,7 +233,8 @@ def _lerobot_server(args: argparse.Namespace, pool: SessionPool) -> LeRobotServe
     return LeRobotServer(pool, checkpoint_names=names, host=args.host, port=8080 if args.port is None else args.port,
                          api_key=args.api_key or None, tls=tls, fps=args.fps,
                          obs_queue_timeout_s=args.obs_queue_timeout, window_s=args.batch_window_ms / 1e3,
-                         max_batch=args.max_batch, limits=limits, language_log=args.language_log)
+                         max_batch=args.max_batch, limits=limits, language_log=args.language_log,
+                         client_idle_s=args.client_idle_s)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
