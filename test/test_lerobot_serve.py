@@ -70,9 +70,11 @@ def one_thread() -> None:
     torch.set_num_threads(1)
 
 
-def make_server(*flags: str) -> LeRobotServer:
+def make_server(*flags: str, rtc: str = "off") -> LeRobotServer:
+    """A server on the tiny LeRobot checkpoint (whose ``rtc_config`` enables RTC: off unless asked, as LeRobot's own
+    ``PolicyServer`` passes no previous chunk)."""
     server = build_server(parse(["--protocol", "lerobot", "--checkpoint", str(CHECKPOINT), "--host", "127.0.0.1",
-                                 "--port", "0", "--dtype", "float32", "--kernels", "plain",
+                                 "--port", "0", "--dtype", "float32", "--kernels", "plain", "--lerobot-rtc", rtc,
                                  "--request-every-n-frames", "0", "--checkpoint-alias", "checkpoint", *flags]))
     assert isinstance(server, LeRobotServer)
     return server
@@ -203,6 +205,46 @@ def test_several_clients_are_batched_and_each_gets_its_own_actions(served: LeRob
     finally:
         for channel, _ in stubs:
             channel.close()
+
+
+# ---------------------------------------------------------------------------------------------- RTC
+def test_rtc_on_the_async_path_continues_the_chunk_sent_from_the_observations_timestep() -> None:
+    """Chunk 1 from timestep 10, chunk 2 from timestep 14: chunk 2 is guided toward chunk 1's actions for timesteps
+    14.. (its normalised remainder from index 4), with the delay fixed at 2, exactly as the policy layer's RTC
+    (LeRobot 0.6.1's ``predict_action_chunk(..., inference_delay, prev_chunk_left_over)``, test_lerobot_rtc.py)
+    computes it on the same inputs."""
+    from oxygen_ros.engine.rtc import RTCPrefix
+
+    server = make_server("--rtc-delay", "2", rtc="auto")
+    policy = server.pool.policy
+    assert server.pool.rtc is not None and server.pool.rtc.config == policy.spec.rtc  # EXP, beta 5, E 8
+    noises = {step: torch.randn(1, 12, 32, generator=torch.Generator().manual_seed(step)).numpy()
+              for step in (10, 14, 20)}
+    server.noise_for = lambda client, step: noises[step]
+    with server as port:
+        channel, stub = stub_for(port)
+        try:
+            setup(stub, apc=12)
+            a, b = observation(10, 1), observation(14, 2, must_go=False)
+            c = observation(20, 3, must_go=False)
+            c.observation["task"] = "a new instruction"
+            got = []
+            for obs in (a, b, c):
+                stub.SendObservations(iter(chunks(dumps(obs))))
+                got.append(np.stack([x.action.numpy() for x in actions_of(stub.GetActions(services_pb2.Empty(),
+                                                                                           timeout=120))]))
+        finally:
+            channel.close()
+    client = next(iter(server._clients.values()))
+    raw = [server._pending(o, client.config).raw for o in (a, b, c)]
+    np.testing.assert_allclose(got[0], policy.infer(raw[0], noises[10]), rtol=0, atol=1e-5)  # nothing to continue
+    prev = policy.infer_normalized(raw[0], noises[10])
+    want = policy.infer(raw[1], noises[14], rtc=RTCPrefix(prev[4:], 2))
+    plain = policy.infer(raw[1], noises[14])
+    np.testing.assert_allclose(got[1], want, rtol=0, atol=1e-4)
+    assert np.abs(want - plain).max() > 1e-2  # the guidance moved it
+    np.testing.assert_allclose(got[2], policy.infer(raw[2], noises[20]), rtol=0, atol=1e-5)  # a new task: free
+    assert client.session.runner.remainder_counts["timing_rule"] == 1
 
 
 # ---------------------------------------------------------------------------------------------- the checkpoint

@@ -30,6 +30,7 @@ IMPORT_SOURCES = {
     "matplotlib": "python3-matplotlib", "tqdm": "python3-tqdm", "rich": "python3-rich", "lxml": "python3-lxml",
     "msgpack": "python3-msgpack", "websockets": "python3-websockets",
     "safetensors": "pip:safetensors", "sentencepiece": "pip:sentencepiece", "rosbags": "pip:rosbags",
+    "grpc": "pip:grpcio", "google": "pip:protobuf",
     "torch": "jetpack",
     "ray": "optional: fleet evaluation on a Ray cluster (pip install ray; sequential without it)",
     "openpi_client": "optional: the openpi comparison benchmark (workstation only)",

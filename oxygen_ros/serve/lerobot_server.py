@@ -15,7 +15,10 @@ timeout). This server differs from LeRobot's ``PolicyServer`` where that one is 
 - an API key in the call metadata (``authorization: Api-Key <key>``, or ``x-api-key``) and TLS when a certificate
   is given;
 - language outputs (memory, narration, subtask) and answers, which LeRobot's client cannot receive, are written as
-  JSON lines with the timestep of the observation that started them.
+  JSON lines with the timestep of the observation that started them;
+- real-time chunking on the async path (when the pool runs it: the checkpoint's ``rtc_config``): the observation's
+  ``timestep`` (the last action the robot executed) and the timesteps of the chunk last sent to that client say
+  which of its actions are still ahead; the new chunk is guided toward them (see :meth:`GetActions`).
 
 Per client it keeps LeRobot's semantics: a queue of one observation (a newer one replaces it), observations
 skipped unless ``must_go``, or new (timestep not predicted yet) and not similar to the last one processed (state
@@ -57,6 +60,7 @@ log = logging.getLogger(__name__)
 IMAGES = "observation.images."
 STATE = "observation.state"
 SUPPORTED_POLICY_TYPES = ("pi05",)
+_STAMP_ORIGIN = 1 << 20  # keeps timestep stamps positive (0 means unstamped)
 _BEGIN, _MIDDLE, _END = (services_pb2.TRANSFER_BEGIN, services_pb2.TRANSFER_MIDDLE, services_pb2.TRANSFER_END)
 
 
@@ -136,6 +140,7 @@ class _Pending:
     observation: TimedObservation
     raw: RawObservation
     state: np.ndarray
+    arrived_ns: int = field(default_factory=time.monotonic_ns)
 
 
 class _ApiKey(grpc.ServerInterceptor):
@@ -358,8 +363,18 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
             client.last_processed = (obs.timestep, pending.state)
             client.timesteps[client.session.requests] = obs.timestep
         noise = self.noise_for(client.key, obs.timestep) if self.noise_for is not None else None
+        # the client's action time line: timestep k is due at k * dt, so an observation of timestep T (the last
+        # action executed) is stamped (T - 1) * dt and the chunk's action i (timestep T + i) is due at
+        # stamp + (i + 1) * dt, the frame runner's rule; real-time chunking then continues the chunk last sent to
+        # this client from the observation's timestep on. The chunk's age: one step (action 0 is past) plus the
+        # time since the observation arrived.
+        dt_ns = round(1e9 / self.fps)
+        stamp = (obs.timestep - 1 + _STAMP_ORIGIN) * dt_ns
+        arrived = pending.arrived_ns
+        request = Request(client.session, pending.raw, noise, full_chunk=True, stamp_ns=stamp,
+                          clock_ns=lambda: stamp + dt_ns + time.monotonic_ns() - arrived)
         try:
-            response = self.batcher.submit(Request(client.session, pending.raw, noise, full_chunk=True)).result()
+            response = self.batcher.submit(request).result()
         except Exception as e:  # the frame failed: this client gets the error, the server goes on
             log.warning(f"client {client.key}: inference failed", exc_info=True)
             context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {type(e).__name__}: {e}")

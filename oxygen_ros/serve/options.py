@@ -28,6 +28,7 @@ from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.policy import SpecOptions, load_policy
 from oxygen_ros.policy.device import resolve_device
 from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
+from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 from oxygen_ros.policy.runner import LanguageSchedule
 
 from .keys import KEY_MAPS, key_map_for
@@ -116,6 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     lr.add_argument("--max-payload-mb", type=float, default=64.0, help="largest pickled payload")
     lr.add_argument("--max-chunks", type=int, default=64, help="most messages in one SendObservations stream")
+    lr.add_argument("--lerobot-rtc", default="auto", choices=("auto", "on", "off"),
+                    help="real-time chunking on the async path (each chunk continues the one last sent to that "
+                         "client, from the observation's timestep): auto = when the checkpoint's rtc_config enables "
+                         "it; on = always (the checkpoint's settings, else the paper's)")
+    lr.add_argument("--rtc-delay", type=int, default=-1,
+                    help="real-time chunking's inference delay in actions (-1: estimated per client from its chunk "
+                         "ages)")
     lr.add_argument("--client-idle-s", type=float, default=30.0,
                     help="a client silent this long is gone: its session closes (batches stop waiting for it)")
     lr.add_argument("--language-log", type=Path, default=None,
@@ -198,12 +206,18 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
     log.info(policy.spec.summary())
     log.info(f"precision {policy.precision.describe()}")
     tok = policy.tokenizer
+    rtc = None
+    if args.protocol == "lerobot" and args.lerobot_rtc == "on":
+        rtc = dataclasses.replace(policy.spec.rtc, enabled=True) if policy.spec.rtc is not None else PAPER_RTC
+    elif args.protocol == "lerobot" and args.lerobot_rtc == "auto" and policy.spec.rtc is not None \
+            and policy.spec.rtc.enabled:
+        rtc = policy.spec.rtc
     engine_config = EngineConfig(mode=p.mode, num_steps=p.num_steps or policy.model.config.num_steps, k=p.k,
                                  max_inflight=p.max_inflight, overflow=p.overflow, max_new_tokens=p.max_new_tokens,
                                  max_prompt_tokens=max(p.max_prompt_tokens, p.ask_max_prompt_tokens),
                                  eos_id=tok.eos_id, speculate=p.speculate, graphs=p.graphs,
                                  compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels,
-                                 prefill_layout=p.prefill_layout)
+                                 prefill_layout=p.prefill_layout, rtc=rtc)
     engine_config.validate()
     streams = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority)
@@ -213,7 +227,11 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
     pool = SessionPool(policy, lambda: build_engine(policy.model, engine_config, detokenize=tok.decode), streams,
                        seed=p.seed, n_execute=p.actions_per_chunk or None, condition_on=p.subtask_conditioning,
                        questions=questions,
-                       key_map=key_map_for(args.keys, policy.spec), default_prompt=args.default_prompt)
+                       key_map=key_map_for(args.keys, policy.spec), default_prompt=args.default_prompt,
+                       rtc=None if rtc is None else RTCSchedule(rtc, 1.0 / args.fps,
+                                                                None if args.rtc_delay < 0 else args.rtc_delay))
+    if rtc is not None:
+        log.info(f"real-time chunking on the async path: {rtc}")
     if args.protocol == "lerobot":
         return _lerobot_server(args, pool)
     metadata = json.loads(args.metadata) if args.metadata else None
