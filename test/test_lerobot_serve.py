@@ -166,6 +166,28 @@ def test_lerobots_client_bytes_get_lerobots_policy_server_actions(served: LeRobo
     assert len(key) == 3
 
 
+LEROBOT_PYTHON = Path(os.environ.get("OXYGEN_LEROBOT_PYTHON", "/work/sidenv/lerobot_venv/bin/python"))
+
+
+@pytest.mark.skipif(not LEROBOT_PYTHON.is_file(), reason="no LeRobot 0.6.1 side environment (OXYGEN_LEROBOT_PYTHON; "
+                                                         "test/fixtures/lerobot_async/make_lerobot_async_fixture.py)")
+def test_lerobots_own_robot_client_runs_against_it_unchanged(tmp_path: Path) -> None:
+    """LeRobot 0.6.1's ``RobotClient`` class itself (its start, action receiver thread and control loop; a plugin
+    robot without hardware) in its own environment and process, against this server with real-time chunking."""
+    server = make_server(rtc="auto")
+    with server as port:
+        out = subprocess.run([str(LEROBOT_PYTHON), str(ASYNC / "stock_client" / "run_stock_client.py"), "--server",
+                              f"127.0.0.1:{port}", "--seconds", "5"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["started"] and report["finite"] and report["executed"] >= 20, report
+    assert report["keys"] == sorted(MOTORS)
+    assert server.stats["served"] >= 2 and server.stats["refused_payloads"] == 0
+    runner = next(iter(server._clients.values())).session.runner
+    assert runner.remainder_counts["timing_rule"] >= 1  # chunks after the first continued the one sent before
+
+
 # ---------------------------------------------------------------------------------------------- several clients
 def test_several_clients_are_batched_and_each_gets_its_own_actions(served: LeRobotServer) -> None:
     pool = served.pool
