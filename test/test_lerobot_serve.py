@@ -433,6 +433,16 @@ def test_the_unpickler_reads_lerobot_payload_forms() -> None:
         loads(pickle.dumps(shared))
     with pytest.raises(PayloadError, match="not on the allow-list"):
         loads(pickle.dumps(Path("/etc")))
+    # BUILD on an allow-listed global (its class or function object) would set attributes for every later request
+    from oxygen_ros.serve import lerobot_pickle as lp
+    for module, name in (("numpy", "ndarray"), ("torch._utils", "_rebuild_tensor_v2"), ("numpy", "dtype"),
+                         ("lerobot.async_inference.helpers", "TimedObservation"), ("lerobot.configs.types",
+                                                                                    "FeatureType")):
+        head = b"\x80\x04" + bytes([0x8c, len(module)]) + module.encode() + bytes([0x8c, len(name)]) + name.encode()
+        for state in (b"N}\x8c\x01xK\x01s\x86", b"N}\x8c\x0c__defaults__\x88\x85s\x86"):  # (None, slotstate)
+            with pytest.raises(PayloadError):
+                loads(head + b"\x93" + state + b"b.")
+    assert lp._rebuild_tensor_v2.__defaults__ == (False, None, None) and not hasattr(lp._NDArrayClass, "x")
     # 12 bytes that make CPython's unpickler size its memo for 2^31 entries (16 GB, zeroed): refused before it runs
     with pytest.raises(PayloadError, match="memo index"):
         loads(b"\x80\x04N" + b"r" + (1 << 31).to_bytes(4, "little") + b".")

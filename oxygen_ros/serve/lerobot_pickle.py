@@ -59,6 +59,8 @@ class _Payload:
     """Base of the payload dataclasses: built by NEWOBJ + BUILD with a dict state of exactly known fields."""
 
     def __setstate__(self, state: object) -> None:
+        if not isinstance(self, _Payload):  # BUILD on the class object itself
+            raise PayloadError("BUILD on a class refused")
         names = {f.name for f in fields(self)}  # type: ignore[arg-type]
         if not isinstance(state, dict) or not all(isinstance(k, str) for k in state):
             raise PayloadError(f"{type(self).__name__}: state must be a dict of field names")
@@ -117,6 +119,9 @@ class FeatureType(enum.Enum):
     REWARD = "REWARD"
     LANGUAGE = "LANGUAGE"
 
+    def __setstate__(self, state: object) -> None:  # BUILD on the enum (its class object) would set attributes
+        raise PayloadError("BUILD on FeatureType refused")
+
 
 @dataclass(eq=False)
 class PolicyFeature(_Payload):
@@ -151,6 +156,8 @@ class _DType:
             raise PayloadError(f"numpy dtype {self.dtype} refused (numbers and booleans only)")
 
     def __setstate__(self, state: object) -> None:
+        if not isinstance(self, _DType):
+            raise PayloadError("BUILD on a class refused")
         # (version, byte order, subarray, names, fields, elsize, alignment, flags): plain types only
         if not isinstance(state, tuple) or len(state) < 5 or state[2] is not None or state[3] is not None \
                 or state[4] is not None or state[1] not in ("<", ">", "|", "="):
@@ -187,6 +194,8 @@ class _NDArray:
         self.array: np.ndarray | None = None
 
     def __setstate__(self, state: object) -> None:
+        if not isinstance(self, _NDArray):
+            raise PayloadError("BUILD on a class refused")
         if not isinstance(state, tuple) or len(state) != 5 or not isinstance(state[3], bool):
             raise PayloadError("numpy array state refused")
         _, shape, dtype, fortran, data = state
@@ -195,6 +204,9 @@ class _NDArray:
 
 class _NDArrayClass:
     """Stands for ``numpy.ndarray`` (only ever an argument of ``_reconstruct``)."""
+
+    def __setstate__(self, state: object) -> None:
+        raise PayloadError("BUILD on a class refused")
 
 
 def _reconstruct(cls: object, shape: object, typecode: object) -> _NDArray:
@@ -391,9 +403,32 @@ def _prescan(data: bytes) -> None:
         raise PayloadError("not a valid payload: no STOP opcode")
 
 
+class _Global:
+    """An allow-listed function as a pickle sees it: callable, and nothing else. BUILD on a bare function would
+    set its attributes (``__defaults__`` among them) for every later request; here it is refused."""
+
+    __slots__ = ("_fn",)
+
+    def __init__(self, fn: Any) -> None:
+        object.__setattr__(self, "_fn", fn)
+
+    def __call__(self, *args: Any) -> Any:
+        return self._fn(*args)
+
+    def __setstate__(self, state: object) -> None:
+        raise PayloadError("BUILD on a function refused")
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise PayloadError("setting attributes of a function refused")
+
+
+_GLOBALS: dict[tuple[str, str], Any] = {
+    **_CLASSES, **{k: v if isinstance(v, type) else _Global(v) for k, v in _FUNCTIONS.items()}}
+
+
 class _SafeUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
-        found = _CLASSES.get((module, name)) or _FUNCTIONS.get((module, name))
+        found = _GLOBALS.get((module, name))
         if found is None:
             raise PayloadError(f"refused global {module}.{name} (not on the allow-list)")
         return found
