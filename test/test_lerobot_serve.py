@@ -291,6 +291,42 @@ def test_a_client_named_checkpoint_elsewhere_is_refused(served: LeRobotServer, t
         channel.close()
 
 
+def test_a_checkpoint_under_the_allowed_root_is_loaded_on_first_use(tmp_path: Path) -> None:
+    import shutil
+
+    root, outside = tmp_path / "models", tmp_path / "outside"
+    for name in ("checkpoint", "tokenizer"):  # the tokenizer's relative name: beside the checkpoint
+        shutil.copytree(FIXTURES / "lerobot_rtc" / name, root / "copy" / name)
+        shutil.copytree(FIXTURES / "lerobot_rtc" / name, outside / name)
+    shutil.copytree(FIXTURES / "lerobot_rtc" / "checkpoint", root / "third" / "checkpoint")
+    (root / "escape").symlink_to(outside)  # resolves outside the root
+    server = make_server("--allowed-root", str(root), "--max-checkpoints", "2")
+    with server as port:
+        channel, stub = stub_for(port)
+        try:
+            for name in (str(root / "escape" / "checkpoint"), str(root / ".." / "outside" / "checkpoint"),
+                         str(root), str(outside / "checkpoint")):
+                with pytest.raises(grpc.RpcError) as e:
+                    setup(stub, name)
+                assert e.value.code() == grpc.StatusCode.PERMISSION_DENIED, name
+            setup(stub, str(root / "copy" / "checkpoint"))
+            stub.SendObservations(iter(chunks(dumps(observation(0, 0)))))
+            got = actions_of(stub.GetActions(services_pb2.Empty(), timeout=120))
+            other_channel, other = stub_for(port)
+            with pytest.raises(grpc.RpcError) as e:  # a third checkpoint: over --max-checkpoints 2
+                setup(other, str(root / "third" / "checkpoint"))
+            assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "at most 2" in e.value.details()
+            other_channel.close()
+        finally:
+            channel.close()
+        client = next(c for c in server._clients.values() if c.config is not None)
+        assert client.served.pool is not server.pool and client.served.pool.policy.spec.checkpoint == \
+            (root / "copy" / "checkpoint")
+        raw = server._pending(observation(0, 0), client.config, client.served).raw
+        want = server.pool.policy.infer(raw, seeded_noise(client.session.seed)(0, 12, 32))  # the same weights
+        np.testing.assert_allclose(np.stack([a.action.numpy() for a in got]), want[:10], rtol=0, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------------------------- the unpickler
 class WritesAFile:
     """A payload whose ``__reduce__`` writes a file when unpickled (the CVE's shape)."""

@@ -9,7 +9,8 @@ timeout). This server differs from LeRobot's ``PolicyServer`` where that one is 
 - payloads are read by the allow-list unpickler (:mod:`.lerobot_pickle`), bounded in size and chunk count
   (:class:`Limits`); a refused payload gets ``INVALID_ARGUMENT`` (or ``RESOURCE_EXHAUSTED``) naming why;
 - the checkpoint is the one the server was started with (a client names it by its path, or by an alias given with
-  ``--checkpoint-alias``); any other ``pretrained_name_or_path`` gets ``PERMISSION_DENIED``, nothing is loaded;
+  ``--checkpoint-alias``), or a checkpoint folder under ``--allowed-root`` (loaded on first use, a bounded number);
+  any other ``pretrained_name_or_path`` gets ``PERMISSION_DENIED``, nothing is loaded;
 - several clients at once: each gRPC peer (or ``x-oxygen-client`` metadata) is a client with its own session,
   observation queue and timesteps; their ``GetActions`` calls are batched into one engine frame;
 - an API key in the call metadata (``authorization: Api-Key <key>``, or ``x-api-key``) and TLS when a certificate
@@ -121,11 +122,21 @@ def receive_chunks(messages: Iterable[Any], limits: Limits) -> bytes:
 
 
 @dataclass
+class _Served:
+    """One checkpoint being served: its clients' pool, its batcher and its camera feature shapes."""
+
+    pool: SessionPool
+    batcher: Batcher | None = None
+    image_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+
+
+@dataclass
 class _Client:
     """One LeRobot client (a gRPC peer)."""
 
     key: str
     session: Session
+    served: _Served
     config: RemotePolicyConfig | None = None
     observations: queue.Queue = field(default_factory=lambda: queue.Queue(maxsize=1))
     last_processed: tuple[int, np.ndarray] | None = None  # (timestep, state) of the last observation run
@@ -192,6 +203,8 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         limits: payload bounds.
         language_log: JSON-lines file for language outputs and answers (None: only the log).
         max_workers: gRPC handler threads (each waiting ``GetActions`` holds one).
+        allowed_root: a folder whose checkpoints a client may name too (None: only the served one); each is loaded
+            on first use by ``pool_factory`` (its own pool and batcher), at most ``max_checkpoints`` in all.
         client_idle_s: a client not heard from for this long is gone (gRPC tells a server nothing when a
             connection closes; a RobotClient polls ``GetActions`` at least every ``obs_queue_timeout``): its session
             closes, so batches stop waiting for it.
@@ -201,7 +214,8 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
                  port: int = 8080, api_key: str | None = None, tls: tuple[bytes, bytes] | None = None,
                  fps: float = 30.0, obs_queue_timeout_s: float = 2.0, window_s: float = 0.005, max_batch: int = 16,
                  limits: Limits | None = None, language_log: Path | None = None, max_workers: int = 0,
-                 client_idle_s: float = 30.0) -> None:
+                 client_idle_s: float = 30.0, allowed_root: Path | None = None,
+                 pool_factory: Callable[[Path], SessionPool] | None = None, max_checkpoints: int = 2) -> None:
         if not fps > 0 or obs_queue_timeout_s < 0:
             raise ValueError("fps must be > 0 and obs_queue_timeout_s >= 0")
         self.pool, self.host, self.port = pool, host, port
@@ -214,7 +228,11 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         self.language_log = language_log
         self.max_workers = max_workers or max(8, 4 * max_batch)
         self.client_idle_s = client_idle_s
-        self.image_shapes = _image_shapes(pool.policy.spec.checkpoint)
+        self.allowed_root = Path(allowed_root).resolve() if allowed_root is not None else None
+        self.pool_factory, self.max_checkpoints = pool_factory, max_checkpoints
+        self._default = _Served(pool, None, _image_shapes(pool.policy.spec.checkpoint))
+        self._served: dict[str, _Served] = {}  # other checkpoints under allowed_root, by resolved path
+        self._load_lock = threading.Lock()
         self.stats = {"refused_payloads": 0, "refused_checkpoints": 0, "skipped_observations": 0, "served": 0}
         # replay hook for tests and fixtures (not reachable from the network): (client key, timestep) -> x_1
         self.noise_for: Callable[[str, int], np.ndarray | None] | None = None
@@ -222,12 +240,20 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._server: grpc.Server | None = None
-        self.batcher: Batcher | None = None
+
+    @property
+    def batcher(self) -> Batcher | None:
+        """The served checkpoint's batcher (None before :meth:`start`)."""
+        return self._default.batcher
+
+    @property
+    def image_shapes(self) -> dict[str, tuple[int, ...]]:
+        return self._default.image_shapes
 
     # ------------------------------------------------------------------------------------------ lifecycle
     def start(self) -> int:
         """Listen and serve in gRPC's threads; the port."""
-        self.batcher = Batcher(self.pool, self.window_s, self.max_batch)
+        self._default.batcher = Batcher(self.pool, self.window_s, self.max_batch)
         options = [("grpc.max_receive_message_length", self.limits.max_message_bytes),
                    ("grpc.max_send_message_length", 64 << 20)]
         self._server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="lerobot-grpc"),
@@ -249,8 +275,9 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
     def stop(self, grace: float = 1.0) -> None:
         if self._server is not None:
             self._server.stop(grace).wait(30)
-        if self.batcher is not None:
-            self.batcher.stop()
+        for served in (self._default, *self._served.values()):
+            if served.batcher is not None:
+                served.batcher.stop()
 
     def wait(self) -> None:
         """Block until the server stops."""
@@ -282,13 +309,13 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         with self._lock:
             for gone in [c for c in self._clients.values() if c.key != key and now - c.seen > self.client_idle_s]:
                 log.info(f"client {gone.key}: idle for {now - gone.seen:.0f} s, closed")
-                self.pool.close(gone.session)
+                gone.served.pool.close(gone.session)
                 del self._clients[gone.key]
             client = self._clients.get(key)
             if client is None or fresh:
                 if client is not None:
-                    self.pool.close(client.session)
-                client = self._clients[key] = _Client(key, self.pool.open())
+                    client.served.pool.close(client.session)
+                client = self._clients[key] = _Client(key, self.pool.open(), self._default)
             client.seen = now
             return client
 
@@ -310,11 +337,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         if not isinstance(config.policy_type, str) or config.policy_type not in SUPPORTED_POLICY_TYPES:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"policy_type {config.policy_type!r}: this server runs "
                                                             f"{', '.join(SUPPORTED_POLICY_TYPES)}")
-        if not self._allowed(config.pretrained_name_or_path):
-            self.stats["refused_checkpoints"] += 1
-            context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                          f"pretrained_name_or_path {config.pretrained_name_or_path!r} is not served here: this "
-                          f"server runs its own checkpoint, named {sorted(self.checkpoint_names)}")
+        served = self._checkpoint(config.pretrained_name_or_path, context)
         apc = config.actions_per_chunk
         if isinstance(apc, bool) or not isinstance(apc, int) or apc < 1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actions_per_chunk must be a positive int, got {apc!r}")
@@ -322,6 +345,11 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         with client.lock:
+            if served is not client.served:  # another checkpoint under the allowed root: a session of its pool
+                client.served.pool.close(client.session)
+                client.session, client.served = served.pool.open(), served
+                client.predicted.clear()
+                client.last_processed = None
             client.config = config
         log.info(f"client {client.key}: {config.policy_type} {config.pretrained_name_or_path!r}, "
                  f"{apc} actions per chunk (device {config.device!r} ignored: the server's own)")
@@ -338,7 +366,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         if client.config is None:
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, "SendPolicyInstructions first")
         try:
-            pending = self._pending(obs, client.config)
+            pending = self._pending(obs, client.config, client.served)
         except ValueError as e:
             self.stats["refused_payloads"] += 1
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"observation #{obs.timestep}: {e}")
@@ -374,7 +402,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         request = Request(client.session, pending.raw, noise, full_chunk=True, stamp_ns=stamp,
                           clock_ns=lambda: stamp + dt_ns + time.monotonic_ns() - arrived)
         try:
-            response = self.batcher.submit(request).result()
+            response = client.served.batcher.submit(request).result()
         except Exception as e:  # the frame failed: this client gets the error, the server goes on
             log.warning(f"client {client.key}: inference failed", exc_info=True)
             context.abort(grpc.StatusCode.INTERNAL, f"inference failed: {type(e).__name__}: {e}")
@@ -403,17 +431,41 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
                           f"payload refused: expected a {kind.__name__}, got {type(obj).__name__}")
         return obj
 
-    def _allowed(self, name: object) -> bool:
-        if not isinstance(name, str) or not name:
-            return False
-        if name in self.checkpoint_names:
-            return True
+    def _checkpoint(self, name: object, context: grpc.ServicerContext) -> _Served:
+        """The checkpoint a client names: the served one (its path in any spelling, an alias), else one under the
+        allowed root (loaded on first use); anything else is refused (``PERMISSION_DENIED``), nothing loaded."""
+        if isinstance(name, str) and name in self.checkpoint_names:
+            return self._default
         try:
-            return str(Path(name).expanduser().resolve()) in self.checkpoint_names
+            path = Path(name).expanduser().resolve() if isinstance(name, str) and name else None
         except (OSError, RuntimeError, ValueError):
-            return False
+            path = None
+        if path is not None and str(path) in self.checkpoint_names:
+            return self._default
+        root = self.allowed_root
+        if path is None or root is None or self.pool_factory is None or not path.is_relative_to(root) or \
+                not (path / "config.json").is_file():
+            self.stats["refused_checkpoints"] += 1
+            context.abort(grpc.StatusCode.PERMISSION_DENIED,
+                          f"pretrained_name_or_path {name!r} is not served here: this server runs its own checkpoint, "
+                          f"named {sorted(self.checkpoint_names)}"
+                          + (f", or a checkpoint folder under {root}" if root is not None else ""))
+        with self._load_lock:
+            served = self._served.get(str(path))
+            if served is None:
+                if len(self._served) + 1 >= self.max_checkpoints:
+                    context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                  f"{path}: this server holds at most {self.max_checkpoints} checkpoints")
+                try:
+                    pool = self.pool_factory(path)
+                except Exception as e:
+                    context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{path}: cannot load: {e}")
+                served = _Served(pool, Batcher(pool, self.window_s, self.max_batch), _image_shapes(path))
+                self._served[str(path)] = served
+                log.info(f"loaded {path} (under the allowed root {root})")
+        return served
 
-    def _pending(self, obs: TimedObservation, config: RemotePolicyConfig) -> _Pending:
+    def _pending(self, obs: TimedObservation, config: RemotePolicyConfig, served: _Served | None = None) -> _Pending:
         """The observation as the policy reads it (LeRobot's ``raw_observation_to_observation``); checked here so
         that a bad one is refused to its sender, never failing the batch it would have joined."""
         if isinstance(obs.timestep, bool) or not isinstance(obs.timestep, int) or obs.timestep < 0:
@@ -423,7 +475,8 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         if not isinstance(obs.must_go, bool) or not isinstance(obs.observation, dict):
             raise ValueError("must_go must be a bool and observation a dict")
         values, features = obs.observation, config.lerobot_features
-        spec, policy = self.pool.policy.spec, self.pool.policy
+        served = served or self._default
+        spec, policy = served.pool.policy.spec, served.pool.policy
         state = np.zeros(0, dtype=np.float32)
         images: dict[str, np.ndarray] = {}
         for key, ft in features.items():
@@ -442,7 +495,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
                 renamed = config.rename_map.get(key, key)
                 if policy.slot_of(renamed) not in spec.camera_slots:
                     raise ValueError(f"camera {renamed!r} is not a camera of the checkpoint {list(spec.camera_slots)}")
-                images[renamed] = self._image(values[name], renamed)
+                images[renamed] = self._image(values[name], renamed, served.image_shapes)
         if spec.state_dim is not None and state.shape[0] != spec.state_dim:
             raise ValueError(f"{state.shape[0]} state dims; the checkpoint expects {spec.state_dim}")
         if not np.all(np.isfinite(state)):
@@ -454,7 +507,8 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
             raise ValueError(f"'task' must be a string, got {type(task).__name__}")
         return _Pending(obs, RawObservation(images, state, task), state)
 
-    def _image(self, image: object, key: str) -> np.ndarray:
+    @staticmethod
+    def _image(image: object, key: str, shapes: dict[str, tuple[int, ...]]) -> np.ndarray:
         """A camera image [H, W, 3] uint8, resized as LeRobot's ``resize_robot_observation_image`` does to the
         checkpoint's feature shape (bilinear, on the uint8 tensor) when it differs."""
         if isinstance(image, torch.Tensor):
@@ -462,7 +516,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
             raise ValueError(f"camera {key!r}: expected an [H, W, 3] uint8 image, got "
                              f"{getattr(image, 'dtype', type(image).__name__)} {getattr(image, 'shape', '')}")
-        shape = self.image_shapes.get(key)
+        shape = shapes.get(key)
         if shape is not None and tuple(image.shape[:2]) != tuple(shape[1:]):
             t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]
             t = torch.nn.functional.interpolate(t, size=tuple(shape[1:]), mode="bilinear", align_corners=False)

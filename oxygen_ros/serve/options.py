@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
     lr.add_argument("--checkpoint-alias", action="append", default=[],
                     help="a pretrained_name_or_path clients may send for the served checkpoint (e.g. its Hub repo "
                          "id); its resolved path is always accepted, any other name is refused")
+    lr.add_argument("--allowed-root", type=Path, default=None,
+                    help="a folder whose checkpoints clients may name too (loaded on first use; symlinks and '..' "
+                         "resolved before the check); unset: only the served checkpoint")
+    lr.add_argument("--max-checkpoints", type=int, default=2,
+                    help="checkpoints held at most, the served one included (with --allowed-root)")
     lr.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve TLS only")
     lr.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
     lr.add_argument("--max-payload-mb", type=float, default=64.0, help="largest pickled payload")
@@ -194,15 +199,29 @@ def build_server(args: argparse.Namespace) -> PolicyServer | LeRobotServer:
     return run_in_scratch_thread(_build_server, args, name="oxygen-serve-setup")
 
 
-def _build_server(args: argparse.Namespace) -> PolicyServer:
+def _build_server(args: argparse.Namespace) -> PolicyServer | LeRobotServer:
     p, stream_params = runner_params(args)
     if not p.checkpoint_path:
         raise ValueError("--checkpoint: required")
     if p.torch_threads:
         torch.set_num_threads(p.torch_threads)
+    pool = _pool(args, p, stream_params, p.checkpoint_path)
+    if args.protocol == "lerobot":
+        return _lerobot_server(args, pool, lambda path: run_in_scratch_thread(
+            _pool, args, p, stream_params, str(path), name="oxygen-serve-load"))
+    metadata = json.loads(args.metadata) if args.metadata else None
+    return PolicyServer(pool, host=args.host, port=8000 if args.port is None else args.port,
+                        api_key=args.api_key or None, metadata=metadata,
+                        serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
+                        max_message_bytes=int(args.max_message_mb * 2**20) or None)
+
+
+def _pool(args: argparse.Namespace, p: RunnerParams, stream_params: Sequence[StreamParams],
+          checkpoint: str) -> SessionPool:
+    """The session pool (policy, engine, streams) of one checkpoint."""
     device, dtype = resolve_device(p.device, p.dtype)
     options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
-    policy = load_policy(p.checkpoint_path, options, dtype=dtype, device=device, precision=p.dtype)
+    policy = load_policy(checkpoint, options, dtype=dtype, device=device, precision=p.dtype)
     log.info(policy.spec.summary())
     log.info(f"precision {policy.precision.describe()}")
     tok = policy.tokenizer
@@ -232,16 +251,11 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
                                                                 None if args.rtc_delay < 0 else args.rtc_delay))
     if rtc is not None:
         log.info(f"real-time chunking on the async path: {rtc}")
-    if args.protocol == "lerobot":
-        return _lerobot_server(args, pool)
-    metadata = json.loads(args.metadata) if args.metadata else None
-    return PolicyServer(pool, host=args.host, port=8000 if args.port is None else args.port,
-                        api_key=args.api_key or None, metadata=metadata,
-                        serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
-                        max_message_bytes=int(args.max_message_mb * 2**20) or None)
+    return pool
 
 
-def _lerobot_server(args: argparse.Namespace, pool: SessionPool) -> LeRobotServer:
+def _lerobot_server(args: argparse.Namespace, pool: SessionPool,
+                    pool_factory: Callable[[Path], SessionPool]) -> LeRobotServer:
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ValueError("--tls-cert and --tls-key go together")
     tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert is not None else None
@@ -252,7 +266,8 @@ def _lerobot_server(args: argparse.Namespace, pool: SessionPool) -> LeRobotServe
                          api_key=args.api_key or None, tls=tls, fps=args.fps,
                          obs_queue_timeout_s=args.obs_queue_timeout, window_s=args.batch_window_ms / 1e3,
                          max_batch=args.max_batch, limits=limits, language_log=args.language_log,
-                         client_idle_s=args.client_idle_s)
+                         client_idle_s=args.client_idle_s, allowed_root=args.allowed_root,
+                         pool_factory=pool_factory, max_checkpoints=args.max_checkpoints)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:
