@@ -229,6 +229,21 @@ def test_several_clients_are_batched_and_each_gets_its_own_actions(served: LeRob
             channel.close()
 
 
+def test_clients_sharing_one_connection_are_told_apart_by_their_metadata(served: LeRobotServer) -> None:
+    channel, stub = stub_for(served.port)
+    try:
+        a, b = (("x-oxygen-client", "arm-a"),), (("x-oxygen-client", "arm-b"),)
+        setup(stub, metadata=a)
+        setup(stub, metadata=b)
+        assert {"id:arm-a", "id:arm-b"} <= set(served._clients)
+        stub.SendObservations(iter(chunks(dumps(observation(4, 4)))), metadata=a)
+        assert stub.GetActions(services_pb2.Empty(), metadata=b, timeout=30).data == b""  # b sent nothing
+        assert [x.timestep for x in actions_of(stub.GetActions(services_pb2.Empty(), metadata=a, timeout=120))] == \
+            list(range(4, 14))
+    finally:
+        channel.close()
+
+
 # ---------------------------------------------------------------------------------------------- RTC
 def test_rtc_on_the_async_path_continues_the_chunk_sent_from_the_observations_timestep() -> None:
     """Chunk 1 from timestep 10, chunk 2 from timestep 14: chunk 2 is guided toward chunk 1's actions for timesteps
@@ -428,6 +443,7 @@ def test_fuzz_cases_get_clear_grpc_errors_and_the_server_keeps_serving(served: L
         channel.close()
 
 
+@pytest.mark.filterwarnings("ignore:invalid escape sequence:DeprecationWarning")  # pickletools on mutated STRINGs
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.data())
 def test_fuzz_the_unpickler_with_mutated_payloads(data: st.DataObject) -> None:
