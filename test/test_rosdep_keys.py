@@ -31,6 +31,7 @@ IMPORT_SOURCES = {
     "msgpack": "python3-msgpack", "websockets": "python3-websockets",
     "safetensors": "pip:safetensors", "sentencepiece": "pip:sentencepiece", "rosbags": "pip:rosbags",
     "pyarrow": "pip:pyarrow", "av": "pip:av",  # oxygen-export-lerobot (an offline tool)
+    "grpc": "pip:grpcio", "google": "pip:protobuf",
     "torch": "jetpack",
     "ray": "optional: fleet evaluation on a Ray cluster (pip install ray; sequential without it)",
     "openpi_client": "optional: the openpi comparison benchmark (workstation only)",

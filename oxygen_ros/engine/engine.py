@@ -206,10 +206,13 @@ class Engine:
         floating-point summation order).
 
         Raises:
-            ValueError: no frames, or a request names an adapter the engine was not built with (nothing runs).
+            ValueError: no frames, a guided frame (real-time chunking runs in :meth:`step` only), or a request names
+                an adapter the engine was not built with (nothing runs).
         """
         if not frames:
             raise ValueError("step_batch needs at least one frame")
+        if self.runner.rtc is not None and any(f.rtc is not None for f in frames):
+            raise ValueError("step_batch does not guide chunks (real-time chunking): run guided frames with step")
         unknown = {r.adapter for f in frames for r in f.requests if r.adapter and r.adapter not in self.runner.adapters}
         if unknown:
             raise ValueError(f"unknown adapter(s) {sorted(unknown)}; the engine has {sorted(self.runner.adapters)}")

@@ -14,7 +14,7 @@ import argparse
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,11 @@ from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.policy import SpecOptions, load_policy
 from oxygen_ros.policy.device import resolve_device
 from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
+from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 from oxygen_ros.policy.runner import LanguageSchedule
 
 from .keys import KEY_MAPS, key_map_for
+from .lerobot_server import LeRobotServer, Limits
 from .server import PolicyServer
 from .sessions import QuestionConfig, SessionPool
 
@@ -60,8 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line (the shared options first, then the server's)."""
     ap = argparse.ArgumentParser(prog="oxygen-serve", description=(
         "Serve a pi0.5 checkpoint over openpi's websocket policy protocol (openpi_client.WebsocketClientPolicy "
-        "clients run unchanged); several clients are batched, and responses may carry language outputs and "
-        "answers."), formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        "clients run unchanged) or, with --protocol lerobot, LeRobot's async-inference gRPC service (its "
+        "RobotClient); several clients are batched, and language outputs come in responses (openpi) or a JSON-lines "
+        "log (lerobot)."), formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--config", type=Path, help="node parameter file (config/*.yaml): its shared options become "
                                                 "the defaults")
     shared = ap.add_argument_group("checkpoint, engine and language (the node's parameters of the same names)")
@@ -84,9 +87,13 @@ def build_parser() -> argparse.ArgumentParser:
     shared.add_argument("--stream", action="append", default=[], metavar="NAME.FIELD=VALUE",
                         help="a language stream's field (" + ", ".join(_STREAM_FIELDS) + ")")
     srv = ap.add_argument_group("server")
+    srv.add_argument("--protocol", default="openpi", choices=("openpi", "lerobot"),
+                     help="openpi: openpi's websocket policy protocol; lerobot: LeRobot 0.6.1's async-inference gRPC "
+                          "service (its RobotClient)")
     srv.add_argument("--host", default="0.0.0.0")
-    srv.add_argument("--port", type=int, default=8000, help="0: any free port")
-    srv.add_argument("--api-key", default="", help="require openpi-client's API key header ('' = open)")
+    srv.add_argument("--port", type=int, default=None, help="0: any free port (default: 8000 openpi, 8080 lerobot)")
+    srv.add_argument("--api-key", default="", help="require this API key ('' = open): openpi-client's header, or "
+                                                   "the gRPC metadata 'authorization: Api-Key <key>'")
     srv.add_argument("--keys", default="auto", choices=("auto", *KEY_MAPS),
                      help="observation key map; auto: the checkpoint's openpi robot (libero, droid, aloha), else "
                           "generic")
@@ -98,6 +105,34 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a batch starts at most this long after its first request arrived")
     srv.add_argument("--max-batch", type=int, default=16, help="observations per batched frame at most")
     srv.add_argument("--max-message-mb", type=float, default=0.0, help="largest request (0: no limit, as openpi)")
+    lr = ap.add_argument_group("lerobot protocol")
+    lr.add_argument("--fps", type=float, default=30.0, help="the robot's control rate (LeRobot's --fps): action i "
+                                                           "of a chunk is stamped timestamp + i / fps")
+    lr.add_argument("--obs-queue-timeout", type=float, default=2.0,
+                    help="seconds GetActions waits for an observation before answering empty")
+    lr.add_argument("--checkpoint-alias", action="append", default=[],
+                    help="a pretrained_name_or_path clients may send for the served checkpoint (e.g. its Hub repo "
+                         "id); its resolved path is always accepted, any other name is refused")
+    lr.add_argument("--allowed-root", type=Path, default=None,
+                    help="a folder whose checkpoints clients may name too (loaded on first use; symlinks and '..' "
+                         "resolved before the check); unset: only the served checkpoint")
+    lr.add_argument("--max-checkpoints", type=int, default=2,
+                    help="checkpoints held at most, the served one included (with --allowed-root)")
+    lr.add_argument("--tls-cert", type=Path, default=None, help="PEM certificate chain: serve TLS only")
+    lr.add_argument("--tls-key", type=Path, default=None, help="PEM private key of --tls-cert")
+    lr.add_argument("--max-payload-mb", type=float, default=64.0, help="largest pickled payload")
+    lr.add_argument("--max-chunks", type=int, default=64, help="most messages in one SendObservations stream")
+    lr.add_argument("--lerobot-rtc", default="auto", choices=("auto", "on", "off"),
+                    help="real-time chunking on the async path (each chunk continues the one last sent to that "
+                         "client, from the observation's timestep): auto = when the checkpoint's rtc_config enables "
+                         "it; on = always (the checkpoint's settings, else the paper's)")
+    lr.add_argument("--rtc-delay", type=int, default=-1,
+                    help="real-time chunking's inference delay in actions (-1: estimated per client from its chunk "
+                         "ages)")
+    lr.add_argument("--client-idle-s", type=float, default=30.0,
+                    help="a client silent this long is gone: its session closes (batches stop waiting for it)")
+    lr.add_argument("--language-log", type=Path, default=None,
+                    help="JSON-lines file of language outputs and answers, with their observation timestep")
     srv.add_argument("--log-level", default="INFO")
     return ap
 
@@ -154,7 +189,7 @@ def runner_params(args: argparse.Namespace) -> tuple[RunnerParams, tuple[StreamP
     return p, tuple(streams)
 
 
-def build_server(args: argparse.Namespace) -> PolicyServer:
+def build_server(args: argparse.Namespace) -> PolicyServer | LeRobotServer:
     """Load the checkpoint and build the server the parsed flags describe (on a thread that ends, so the thread
     that serves inference is the process's only OpenMP team: ``engine/threads.py``).
 
@@ -164,24 +199,44 @@ def build_server(args: argparse.Namespace) -> PolicyServer:
     return run_in_scratch_thread(_build_server, args, name="oxygen-serve-setup")
 
 
-def _build_server(args: argparse.Namespace) -> PolicyServer:
+def _build_server(args: argparse.Namespace) -> PolicyServer | LeRobotServer:
     p, stream_params = runner_params(args)
     if not p.checkpoint_path:
         raise ValueError("--checkpoint: required")
     if p.torch_threads:
         torch.set_num_threads(p.torch_threads)
+    pool = _pool(args, p, stream_params, p.checkpoint_path)
+    if args.protocol == "lerobot":
+        return _lerobot_server(args, pool, lambda path: run_in_scratch_thread(
+            _pool, args, p, stream_params, str(path), name="oxygen-serve-load"))
+    metadata = json.loads(args.metadata) if args.metadata else None
+    return PolicyServer(pool, host=args.host, port=8000 if args.port is None else args.port,
+                        api_key=args.api_key or None, metadata=metadata,
+                        serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
+                        max_message_bytes=int(args.max_message_mb * 2**20) or None)
+
+
+def _pool(args: argparse.Namespace, p: RunnerParams, stream_params: Sequence[StreamParams],
+          checkpoint: str) -> SessionPool:
+    """The session pool (policy, engine, streams) of one checkpoint."""
     device, dtype = resolve_device(p.device, p.dtype)
     options = SpecOptions(p.tokenizer_path, p.asset_id, p.openpi_config, p.normalization, p.norm_stats_path)
-    policy = load_policy(p.checkpoint_path, options, dtype=dtype, device=device, precision=p.dtype)
+    policy = load_policy(checkpoint, options, dtype=dtype, device=device, precision=p.dtype)
     log.info(policy.spec.summary())
     log.info(f"precision {policy.precision.describe()}")
     tok = policy.tokenizer
+    rtc = None
+    if args.protocol == "lerobot" and args.lerobot_rtc == "on":
+        rtc = dataclasses.replace(policy.spec.rtc, enabled=True) if policy.spec.rtc is not None else PAPER_RTC
+    elif args.protocol == "lerobot" and args.lerobot_rtc == "auto" and policy.spec.rtc is not None \
+            and policy.spec.rtc.enabled:
+        rtc = policy.spec.rtc
     engine_config = EngineConfig(mode=p.mode, num_steps=p.num_steps or policy.model.config.num_steps, k=p.k,
                                  max_inflight=p.max_inflight, overflow=p.overflow, max_new_tokens=p.max_new_tokens,
                                  max_prompt_tokens=max(p.max_prompt_tokens, p.ask_max_prompt_tokens),
                                  eos_id=tok.eos_id, speculate=p.speculate, graphs=p.graphs,
                                  compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels,
-                                 prefill_layout=p.prefill_layout)
+                                 prefill_layout=p.prefill_layout, rtc=rtc)
     engine_config.validate()
     streams = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority)
@@ -191,11 +246,28 @@ def _build_server(args: argparse.Namespace) -> PolicyServer:
     pool = SessionPool(policy, lambda: build_engine(policy.model, engine_config, detokenize=tok.decode), streams,
                        seed=p.seed, n_execute=p.actions_per_chunk or None, condition_on=p.subtask_conditioning,
                        questions=questions,
-                       key_map=key_map_for(args.keys, policy.spec), default_prompt=args.default_prompt)
-    metadata = json.loads(args.metadata) if args.metadata else None
-    return PolicyServer(pool, host=args.host, port=args.port, api_key=args.api_key or None, metadata=metadata,
-                        serial=args.serial, window_s=args.batch_window_ms / 1e3, max_batch=args.max_batch,
-                        max_message_bytes=int(args.max_message_mb * 2**20) or None)
+                       key_map=key_map_for(args.keys, policy.spec), default_prompt=args.default_prompt,
+                       rtc=None if rtc is None else RTCSchedule(rtc, 1.0 / args.fps,
+                                                                None if args.rtc_delay < 0 else args.rtc_delay))
+    if rtc is not None:
+        log.info(f"real-time chunking on the async path: {rtc}")
+    return pool
+
+
+def _lerobot_server(args: argparse.Namespace, pool: SessionPool,
+                    pool_factory: Callable[[Path], SessionPool]) -> LeRobotServer:
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = (args.tls_cert.read_bytes(), args.tls_key.read_bytes()) if args.tls_cert is not None else None
+    checkpoint = str(args.checkpoint_path)
+    names = {checkpoint, str(Path(checkpoint).expanduser().resolve()), *args.checkpoint_alias}
+    limits = Limits(max_payload_bytes=int(args.max_payload_mb * 2**20), max_chunks=args.max_chunks)
+    return LeRobotServer(pool, checkpoint_names=names, host=args.host, port=8080 if args.port is None else args.port,
+                         api_key=args.api_key or None, tls=tls, fps=args.fps,
+                         obs_queue_timeout_s=args.obs_queue_timeout, window_s=args.batch_window_ms / 1e3,
+                         max_batch=args.max_batch, limits=limits, language_log=args.language_log,
+                         client_idle_s=args.client_idle_s, allowed_root=args.allowed_root,
+                         pool_factory=pool_factory, max_checkpoints=args.max_checkpoints)
 
 
 def parse(argv: Sequence[str] | None = None) -> argparse.Namespace:

@@ -22,6 +22,7 @@ import torch
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
 from oxygen_ros.policy import Policy, RawObservation
+from oxygen_ros.policy.rtc import RTCSchedule
 from oxygen_ros.policy.runner import FrameOutput, FrameRunner, LanguageSchedule, StreamTag, seeded_noise, step_batch
 
 from .keys import KeyMap, ObservationError
@@ -51,13 +52,18 @@ class QuestionConfig:
 
 @dataclass
 class Request:
-    """One client request: its observation, the noise it fixes (None: the client's seeded noise) and a question."""
+    """One client request: its observation, the noise it fixes (None: the client's seeded noise), a question, and
+    whether its response holds the whole chunk (``chunk``: LeRobot's protocol returns it, openpi's the executed
+    part only)."""
 
     session: Session
     raw: RawObservation
     noise: np.ndarray | None = None
     question: str = ""
     received: float = field(default_factory=time.monotonic)
+    full_chunk: bool = False
+    stamp_ns: int = 0  # the observation's time on the client's action time line (0: unstamped)
+    clock_ns: Callable[[], int] | None = None  # that time line's clock, read when the chunk is ready
 
 
 @dataclass
@@ -115,17 +121,21 @@ class SessionPool:
         questions: the question options.
         key_map: how requests name cameras, state and prompt.
         default_prompt: the prompt of requests without one ('' = required).
+        rtc: real-time chunking per client (each client's chunk continues its previous one from the request's
+            ``stamp_ns``; the engine must be built with ``EngineConfig.rtc = rtc.config``). Guided frames run one
+            client at a time (the engine's batched denoise does not guide).
     """
 
     def __init__(self, policy: Policy, engine_factory: Callable[[], Engine],
                  streams: Sequence[LanguageSchedule] = (), *, seed: int = 0, n_execute: int | None = None,
                  condition_on: str = "", questions: QuestionConfig | None = None, key_map: KeyMap,
-                 default_prompt: str = "") -> None:
+                 default_prompt: str = "", rtc: RTCSchedule | None = None) -> None:
         self.policy, self._factory = policy, engine_factory
         self.engine = engine_factory()
         self.streams, self.seed, self.n_execute, self.condition_on = tuple(streams), seed, n_execute, condition_on
         self.questions = questions or QuestionConfig()
         self.key_map, self.default_prompt = key_map, default_prompt
+        self.rtc = rtc
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._sessions: dict[int, Session] = {}
@@ -136,7 +146,7 @@ class SessionPool:
         """A new client (thread-safe)."""
         sid = next(self._ids)
         runner = FrameRunner(self.policy, lambda: self.engine, self.streams, n_execute=self.n_execute,
-                             condition_on=self.condition_on, owner=sid)
+                             condition_on=self.condition_on, owner=sid, rtc=self.rtc)
         session = Session(sid, runner, self.seed)
         with self._lock:
             self._sessions[sid] = session
@@ -193,20 +203,24 @@ class SessionPool:
                   if r.noise is not None else r.session.noise(spec.chunk_size, dim) for r in requests]
         runners = [r.session.runner for r in requests]
         try:
-            if len(requests) == 1:
-                outputs = [runners[0].step(requests[0].raw, noise=noises[0])]
+            sequential = len(requests) == 1 or self.rtc is not None  # guided frames: one at a time
+            if sequential:
+                outputs = [runner.step(r.raw, noise=z, stamp_ns=r.stamp_ns, clock_ns=r.clock_ns)
+                           for runner, r, z in zip(runners, requests, noises, strict=True)]
             else:
-                outputs = step_batch(runners, [r.raw for r in requests], noises=noises)
+                outputs = step_batch(runners, [r.raw for r in requests], noises=noises,
+                                     stamps_ns=[r.stamp_ns for r in requests])
         except Exception:
             self.stats["errors"] += 1
             self._reset()
             raise
-        result = outputs[0].result
-        self._route(result, {r.session.id for r in requests})
-        self.stats["frames"] += 1
+        for out in outputs if sequential else outputs[:1]:  # a batched frame's results are shared
+            self._route(out.result, {r.session.id for r in requests})
+        batch = 1 if sequential else len(requests)
+        self.stats["frames"] += len(requests) if sequential else 1
         self.stats["requests"] += len(requests)
-        self.stats["max_batch"] = max(self.stats["max_batch"], len(requests))
-        return [self._response(r, out, a, len(requests)) for r, out, a in zip(requests, outputs, asked, strict=True)]
+        self.stats["max_batch"] = max(self.stats["max_batch"], batch)
+        return [self._response(r, out, a, batch) for r, out, a in zip(requests, outputs, asked, strict=True)]
 
     def _ask(self, r: Request) -> int | None:
         """Submit the request's question to its client's runner (admitted with this frame); its id."""
@@ -251,6 +265,8 @@ class SessionPool:
                                     "policy_timing": {"infer_ms": out.chunk.inference_s * 1e3},
                                     "oxygen": {"request": s.requests - 1, "batch_size": batch,
                                                "seed": s.seed, "inflight": s.runner.engine.backlog}}
+        if r.full_chunk:
+            response["chunk"] = out.chunk.chunk
         if ask_id is not None:
             response["ask_id"] = ask_id
         if s.language:
