@@ -130,6 +130,18 @@ def this_host() -> dict:
             "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
+def assert_plot(path: Path, min_px: int = 200) -> None:
+    """``path`` is a drawn matplotlib figure: a PNG at least ``min_px`` on each side with data drawn in colour
+    (matplotlib's colour cycle), not a blank or axes-only canvas (black, white and greys)."""
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and min(img.shape[:2]) >= min_px, (path, img.shape)
+    rgb = img[..., :3]
+    coloured = (rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.05  # a tinted pixel: not black, white or grey
+    assert coloured.mean() > 1e-3, (path, f"{coloured.mean():.2e} of the pixels in colour")
+
+
 def made_on_this_host(host: dict) -> bool:
     """Whether a fixture's recorded ``host`` (:func:`this_host`'s fields) is this machine: then its bits reproduce."""
     return all(host.get(k) == v for k, v in this_host().items())

@@ -99,7 +99,8 @@ def test_language_outputs_carry_their_origin_frame_stamp(node, probe) -> None:
         assert header_ns(out) == chunks[out.frame_index], "language stamp != its origin frame's observation stamp"
         assert out.task == "narration"
         assert 1 <= out.num_tokens <= N_TOKENS and (out.eos or out.num_tokens == N_TOKENS)
-        assert isinstance(out.text, str)
+        assert out.stream == out.task, "one stream per task by default"
+        assert 0 < out.latency.sec * 1e9 + out.latency.nanosec < 10e9, "from its frame's start, not a stamp"
 
 
 def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
