@@ -320,10 +320,3 @@ def test_params_files_and_overrides(tmp_path: Path) -> None:
         "request_prompt": "say {instruction}"}
     with pytest.raises(ValueError, match="name:=value"):
         cli.parse_overrides(["k=3"])
-
-
-def test_tools_are_aliases() -> None:
-    """``python -m oxygen_ros.tools.evaluate_bag`` is the evaluation's command line, nothing else."""
-    from oxygen_ros.tools import evaluate_bag as tool
-
-    assert tool.main is cli.main

@@ -1,4 +1,4 @@
-"""Coverage over real DDS (issue 33, item 8): a published chunk must last until the next one replaces it.
+"""Coverage over real DDS: a published chunk must last until the next one replaces it.
 
 A LeRobot pi0.5 checkpoint with ``rtc_config`` (generated small, laid out as LeRobot saves it): chunk 20,
 ``n_action_steps`` 5, actions at 30 Hz, 5 Hz control. Five actions span 167 ms, shorter than the 200 ms control

@@ -1,4 +1,4 @@
-"""``rtc.remainder_source: executor`` over real DDS (issue 33, item 7, node side): the node builds the real-time
+"""``rtc.remainder_source: executor`` over real DDS (the node side): the node builds the real-time
 chunking remainder from the chunk executor's ``oxygen_ros/ExecutedPlan``, not from the timing rule.
 
 A real publisher of the real message stands in for the executor process: every 20 ms it publishes a plan whose

@@ -1,4 +1,4 @@
-"""The tabletop simulator's setpoint-stream input over real DDS (issue 33, item 9): with ``setpoint_topic`` set it
+"""The tabletop simulator's setpoint-stream input over real DDS: with ``setpoint_topic`` set it
 follows a stream of joint setpoints (what the chunk executor streams) instead of action chunks: a scripted expert
 streaming its next action as a JointState command (joints in another order) completes tasks; malformed setpoints
 are counted, not executed; chunks are not executed in that mode; Float64MultiArray commands in joint order work."""

@@ -1,4 +1,4 @@
-"""Multi-stream language workload, engines side by side (``oxygen-bench streams``, issue #12).
+"""Multi-stream language workload, engines side by side (``oxygen-bench streams``).
 
     oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
 
