@@ -117,16 +117,10 @@ def random_policy(tmp_path_factory: pytest.TempPathFactory, max_token_len: int =
 def this_host() -> dict:
     """This machine as the bf16 fixture generators record their host (``expected_bf16.json``: CPU model, its bf16 /
     AMX flags, torch and its CPU capability); the same host reproduces their bits."""
-    cpu, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not cpu:
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
+    from oxygen_ros.util.host import cpu_flags, cpu_name
+
+    flags = cpu_flags()
+    return {"cpu": cpu_name(), "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
             "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
 
 
