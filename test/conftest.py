@@ -13,6 +13,8 @@ for _name, _logger in logging.root.manager.loggerDict.items():
         _logger.propagate = True
 
 import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -139,3 +141,40 @@ def assert_plot(path: Path, min_px: int = 200) -> None:
 def made_on_this_host(host: dict) -> bool:
     """Whether a fixture's recorded ``host`` (:func:`this_host`'s fields) is this machine: then its bits reproduce."""
     return all(host.get(k) == v for k, v in this_host().items())
+
+
+# The ROS test preamble, once: modules that talk over DDS call require_ros() before importing anything of rclpy, take
+# their domain from ros_domain() and open in-process contexts with ros_context().
+
+
+def require_ros(messages: bool = True) -> None:
+    """Skip the calling module unless rclpy (and, with ``messages``, the built oxygen_ros messages) import; keep DDS
+    discovery on this host (the children the tests start inherit it)."""
+    pytest.importorskip("rclpy", reason="rclpy is not installed")
+    if messages:
+        pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+
+_DOMAINS: list[int] = []
+
+
+def ros_domain() -> int:
+    """A ROS domain id no other caller in this test process gets (sequential from a pid-based start, 20-219: Fast
+    DDS accepts up to 232), so that modules, and pytest runs on other pids, do not hear each other's nodes."""
+    domain = 20 + ((os.getpid() * 7) % 200 + len(_DOMAINS)) % 200
+    _DOMAINS.append(domain)
+    return domain
+
+
+@contextmanager
+def ros_context(domain: int) -> Iterator:
+    """An initialised rclpy context of its own on ``domain``, shut down on exit."""
+    import rclpy
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=domain)
+    try:
+        yield ctx
+    finally:
+        rclpy.try_shutdown(context=ctx)

@@ -22,11 +22,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.ros.dds import PROFILE_ENV_VARS, dds_profile_environment, default_profile_path  # noqa: E402
 from oxygen_ros.testing import NodeProcess, Probe, header_ns, ros_env  # noqa: E402
@@ -41,7 +39,7 @@ TOPICS = [s.split(":")[0] for s in STREAMS]
 JOINTS = ["j1", "j2", "j3"]
 RATE_HZ = 5.0
 STREAM_S = 6.0
-DOMAIN = 30 + (os.getpid() * 7 + 5) % 100
+DOMAINS = [ros_domain() for _ in range(3)]  # one per session offset
 
 
 def environment(domain: int, profile: bool) -> dict[str, str]:
@@ -97,7 +95,7 @@ def node_session(checkpoint: Path, profile: bool, offset: int, **overrides) -> I
                                                                                               int]]:
     """A node (with or without the profile, ``overrides``) and a probe feeding joints and the instruction; the node
     is waited for by the caller (:func:`wait_active`), so that several start at once."""
-    domain = DOMAIN + offset
+    domain = DOMAINS[offset]
     node = start_node(checkpoint, domain, profile, **overrides)
     probe = Probe([], JOINTS, domain_id=domain, name=f"camera_probe_{offset}")
     try:
