@@ -13,6 +13,8 @@ for _name, _logger in logging.root.manager.loggerDict.items():
         _logger.propagate = True
 
 import tempfile  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -117,19 +119,62 @@ def random_policy(tmp_path_factory: pytest.TempPathFactory, max_token_len: int =
 def this_host() -> dict:
     """This machine as the bf16 fixture generators record their host (``expected_bf16.json``: CPU model, its bf16 /
     AMX flags, torch and its CPU capability); the same host reproduces their bits."""
-    cpu, flags = "", set()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name") and not cpu:
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
+    from oxygen_ros.util.host import cpu_flags, cpu_name
+
+    flags = cpu_flags()
+    return {"cpu": cpu_name(), "cpu_bf16_flags": sorted(f for f in flags if "bf16" in f or f.startswith("amx")),
             "torch": torch.__version__, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def assert_plot(path: Path, min_px: int = 200) -> None:
+    """``path`` is a drawn matplotlib figure: a PNG at least ``min_px`` on each side with data drawn in colour
+    (matplotlib's colour cycle), not a blank or axes-only canvas (black, white and greys)."""
+    import matplotlib.image as mpimg
+
+    img = mpimg.imread(path)
+    assert img.ndim == 3 and min(img.shape[:2]) >= min_px, (path, img.shape)
+    rgb = img[..., :3]
+    coloured = (rgb.max(axis=-1) - rgb.min(axis=-1)) > 0.05  # a tinted pixel: not black, white or grey
+    assert coloured.mean() > 1e-3, (path, f"{coloured.mean():.2e} of the pixels in colour")
 
 
 def made_on_this_host(host: dict) -> bool:
     """Whether a fixture's recorded ``host`` (:func:`this_host`'s fields) is this machine: then its bits reproduce."""
     return all(host.get(k) == v for k, v in this_host().items())
+
+
+# The ROS test preamble, once: modules that talk over DDS call require_ros() before importing anything of rclpy, take
+# their domain from ros_domain() and open in-process contexts with ros_context().
+
+
+def require_ros(messages: bool = True) -> None:
+    """Skip the calling module unless rclpy (and, with ``messages``, the built oxygen_ros messages) import; keep DDS
+    discovery on this host (the children the tests start inherit it)."""
+    pytest.importorskip("rclpy", reason="rclpy is not installed")
+    if messages:
+        pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+
+
+_DOMAINS: list[int] = []
+
+
+def ros_domain() -> int:
+    """A ROS domain id no other caller in this test process gets (sequential from a pid-based start, 20-219: Fast
+    DDS accepts up to 232), so that modules, and pytest runs on other pids, do not hear each other's nodes."""
+    domain = 20 + ((os.getpid() * 7) % 200 + len(_DOMAINS)) % 200
+    _DOMAINS.append(domain)
+    return domain
+
+
+@contextmanager
+def ros_context(domain: int) -> Iterator:
+    """An initialised rclpy context of its own on ``domain``, shut down on exit."""
+    import rclpy
+
+    ctx = rclpy.Context()
+    rclpy.init(context=ctx, domain_id=domain)
+    try:
+        yield ctx
+    finally:
+        rclpy.try_shutdown(context=ctx)

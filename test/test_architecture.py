@@ -30,6 +30,7 @@ def test_the_layers_hold() -> None:
 
 @pytest.mark.parametrize("module, line, contract", [
     ("engine/_probe.py", "import oxygen_ros.policy\n", "engine imports nothing else of the package"),
+    ("util/_probe.py", "import oxygen_ros.engine\n", "util (host facts, percentiles) imports nothing else"),
     ("policy/_probe.py", "from oxygen_ros.ros import params\n", "policy imports only the engine"),
     ("world/_probe.py", "import oxygen_ros.engine\n", "the world is plain numpy"),
     ("serve/_probe.py", "from oxygen_ros.ros import params\n", "serve (the openpi-protocol server) imports only"),

@@ -4,8 +4,10 @@ every stream's requests finished, oxygen == isolated token for token on every re
 from __future__ import annotations
 
 import json
+import statistics
 
-from conftest import make_model
+import pytest
+from conftest import assert_plot, make_model
 
 from oxygen_ros.bench.streams import REFERENCE_STREAMS, request_keys, run_streams, stream_schedule, write_results
 from oxygen_ros.engine import get_config
@@ -40,7 +42,7 @@ def test_streams_bench_finishes_every_request_with_identical_texts(tmp_path) -> 
     sched = stream_schedule(REFERENCE_STREAMS, 8, model.config.vocab_size, seed=1)
     for name, e in res["engines"].items():
         assert e["frames"] == 6 and len(e["frame_ms_all"]) == 6 and e["rejected"] == 0
-        assert e["action_hz"] > 0 and e["tokens_per_s"] > 0 and e["frame_ms_median"] > 0
+        assert e["frame_ms_median"] == pytest.approx(statistics.median(e["frame_ms_all"]))
         assert e["frame_ms_p99"] >= e["frame_ms_median"] and e["p99_over_median"] >= 1
         assert abs(e["action_hz"] - e["frames"] * model.config.action_horizon * 1e3 / sum(e["frame_ms_all"])) < 1e-6
         for spec in REFERENCE_STREAMS:
@@ -52,6 +54,8 @@ def test_streams_bench_finishes_every_request_with_identical_texts(tmp_path) -> 
                 assert 1 <= st["latency_frames_p50"] <= st["latency_frames_p99"]
                 assert 0 < st["latency_s_p50"] <= st["latency_s_p99"]
         if name != "oxygen":  # each request to completion within its own frame (latency in engine time)
+            assert e["tokens_per_s"] == pytest.approx(sum(s["tokens"] for s in e["streams"].values()) * 1e3
+                                                      / sum(e["frame_ms_all"]))
             assert all(v == 1 for s in e["streams"].values() for v in s.get("latency_frames", []))
             assert all(0 < v <= max(e["frame_ms_all"]) / 1e3 for s in e["streams"].values()
                        for v in s.get("latency_s", []))
@@ -61,14 +65,16 @@ def test_streams_bench_finishes_every_request_with_identical_texts(tmp_path) -> 
         t = res["texts_vs_isolated"][name]
         assert t["identical"] and t["compared"] == total and t["differ"] == 0, (name, t)
     assert {t["name"].split()[0] for t in res["targets"]} == {"oxygen"} and len(res["targets"]) == 2
-    assert res["ratios"]["oxygen_over_isolated_action_hz"] > 0
+    assert res["ratios"]["oxygen_over_isolated_action_hz"] == pytest.approx(
+        res["engines"]["oxygen"]["action_hz"] / res["engines"]["isolated"]["action_hz"])
 
     write_results(res, tmp_path)
     stored = json.loads((tmp_path / "results.json").read_text())
     assert stored["engines"]["oxygen"]["streams"]["memory"]["finished"] == res["engines"]["oxygen"]["streams"][
         "memory"]["finished"]
     assert "| oxygen | question |" in (tmp_path / "summary.md").read_text()
-    assert (tmp_path / "frame_times.png").stat().st_size > 0 and (tmp_path / "stream_latency.png").stat().st_size > 0
+    assert_plot(tmp_path / "frame_times.png")
+    assert_plot(tmp_path / "stream_latency.png")
 
 
 def test_request_keys_match_across_engines_whatever_the_ids() -> None:

@@ -11,8 +11,9 @@ import random
 import cv2
 import numpy as np
 import pytest
+from conftest import require_ros
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
+require_ros(messages=False)
 
 from sensor_msgs.msg import CompressedImage, JointState  # noqa: E402
 from std_msgs.msg import String  # noqa: E402

@@ -6,7 +6,6 @@ running node process, which must count them and keep serving.
 from __future__ import annotations
 
 import array
-import os
 import re
 import signal
 import time
@@ -16,18 +15,13 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from conftest import NODE_PRESETS, require_ros, ros_context, ros_domain
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+require_ros()
 
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
-
-import rclpy  # noqa: E402
 from builtin_interfaces.msg import Time  # noqa: E402
-from conftest import NODE_PRESETS  # noqa: E402
-from rclpy.context import Context  # noqa: E402
 from rclpy.lifecycle import TransitionCallbackReturn  # noqa: E402
 from rclpy.parameter import Parameter  # noqa: E402
 from sensor_msgs.msg import CompressedImage, Image, JointState  # noqa: E402
@@ -48,7 +42,8 @@ from oxygen_ros.testing import NodeProcess, Probe  # noqa: E402
 REPO = Path(__file__).resolve().parents[1]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 BASE = {"model": "random_tiny", "joint_names": JOINTS}
-DOMAIN = 20 + (os.getpid() * 7 + 3) % 100  # FastDDS accepts domain ids up to 232
+DOMAIN = ros_domain()
+COMPRESSED_DOMAIN = ros_domain()  # the compressed-camera node of its own
 SEC = 1_000_000_000
 
 
@@ -290,10 +285,8 @@ def test_diagnostics_status_reports_counts() -> None:
 @pytest.fixture
 def context():
     threads = torch.get_num_threads()  # the node sets torch_threads; give the rest of the session its value back
-    ctx = Context()
-    rclpy.init(context=ctx, domain_id=DOMAIN)
-    yield ctx
-    rclpy.try_shutdown(context=ctx)
+    with ros_context(DOMAIN) as ctx:
+        yield ctx
     torch.set_num_threads(threads)
 
 
@@ -474,8 +467,8 @@ def node_and_probe():
     proc = NodeProcess(REPO / "config" / "synthetic.yaml", {
         "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 2, "max_image_pixels": 1_000_000,
         "max_instruction_chars": 500, "camera_topics": [t for _, t in CAMERAS], "camera_compressed": [False, True],
-    }, domain_id=DOMAIN + 100).start()
-    probe = Probe(CAMERAS, JOINTS, image_size=48, domain_id=DOMAIN + 100, compressed=["left_wrist_0_rgb"],
+    }, domain_id=COMPRESSED_DOMAIN).start()
+    probe = Probe(CAMERAS, JOINTS, image_size=48, domain_id=COMPRESSED_DOMAIN, compressed=["left_wrist_0_rgb"],
                   name="fuzz_probe")
     try:
         assert probe.wait_for_subscribers(30), proc.output()

@@ -1,4 +1,4 @@
-"""Coverage over real DDS (issue 33, item 8): a published chunk must last until the next one replaces it.
+"""Coverage over real DDS: a published chunk must last until the next one replaces it.
 
 A LeRobot pi0.5 checkpoint with ``rtc_config`` (generated small, laid out as LeRobot saves it): chunk 20,
 ``n_action_steps`` 5, actions at 30 Hz, 5 Hz control. Five actions span 167 ms, shorter than the 200 ms control
@@ -10,17 +10,14 @@ configure and counts each short chunk in /diagnostics.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.engine.config import get_config  # noqa: E402
 from oxygen_ros.policy.coverage import Coverage, CoverageWatch, coverage_warning  # noqa: E402
@@ -30,7 +27,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "config" / "synthetic.yaml"
 CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 CHUNK, N_ACTION_STEPS, ACTION_HZ, CONTROL_HZ = 20, 5, 30.0, 5.0
-DOMAIN = 20 + (os.getpid() * 11 + 5) % 100
+DOMAIN = ros_domain()
+PLAIN_DOMAIN = ros_domain()  # the run without RTC
 
 
 def test_coverage_rule() -> None:
@@ -100,7 +98,7 @@ def test_rtc_publishes_the_whole_chunk_so_it_lasts_until_the_next(lerobot_rtc_ch
 @pytest.mark.ros
 @pytest.mark.slow
 def test_a_configuration_that_starves_the_robot_is_warned_and_counted(lerobot_rtc_checkpoint) -> None:
-    chunks, diag, log = _run(lerobot_rtc_checkpoint, False, DOMAIN + 1)
+    chunks, diag, log = _run(lerobot_rtc_checkpoint, False, PLAIN_DOMAIN)
     assert all(c.first_step == 0 and chunk_array(c).shape[0] == N_ACTION_STEPS for c in chunks)
     assert "coverage: 5 actions per chunk are published" in log  # the configure-time warning
     assert "starves" in diag.get("coverage_warning", ""), diag

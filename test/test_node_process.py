@@ -7,18 +7,15 @@ its own. Each process uses its own ROS domain and discovers on localhost only.
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
@@ -36,7 +33,8 @@ RATE_HZ = 5.0
 HORIZON = 10  # random_tiny's action horizon
 N_TOKENS = 6
 TRAJECTORY_TOPIC = "/test_arm_controller/joint_trajectory"
-DOMAIN = 20 + (os.getpid() * 7 + 1) % 100  # FastDDS accepts domain ids up to 232
+DOMAIN = ros_domain()
+REPLAY_DOMAIN, DEMO_DOMAIN = ros_domain(), ros_domain()  # the bag replay and the demo, apart
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +97,8 @@ def test_language_outputs_carry_their_origin_frame_stamp(node, probe) -> None:
         assert header_ns(out) == chunks[out.frame_index], "language stamp != its origin frame's observation stamp"
         assert out.task == "narration"
         assert 1 <= out.num_tokens <= N_TOKENS and (out.eos or out.num_tokens == N_TOKENS)
-        assert isinstance(out.text, str)
+        assert out.stream == out.task, "one stream per task by default"
+        assert 0 < out.latency.sec * 1e9 + out.latency.nanosec < 10e9, "from its frame's start, not a stamp"
 
 
 def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
@@ -185,7 +184,7 @@ def test_bag_replay_drives_the_node_with_sim_time(tmp_path) -> None:
                                       progress=False)
     start = make_demo_bag.START_TIME_NS
     bag_stamps = {start + k * 100_000_000 for k in range(60)}
-    domain = DOMAIN + 100
+    domain = REPLAY_DOMAIN
     proc = NodeProcess(DEMO_CONFIG, {"use_sim_time": True, "control_rate_hz": RATE_HZ, "max_new_tokens": 4,
                                      "k": 2, "max_image_age_s": 0.5}, domain_id=domain).start()
     probe = Probe(CAMERAS, JOINTS, domain_id=domain, name="replay_probe")
@@ -219,7 +218,7 @@ def test_demo_runs_and_summarises() -> None:
     from oxygen_ros.demo import print_summary, run_demo
 
     console = Console(file=io.StringIO(), width=120)
-    summary = run_demo(duration=4.0, domain_id=DOMAIN + 50, image_size=96, console=console, scene="synthetic")
+    summary = run_demo(duration=4.0, domain_id=DEMO_DOMAIN, image_size=96, console=console, scene="synthetic")
     assert summary.node_exit_code == 0, console.file.getvalue()
     # config/synthetic.yaml runs at 10 Hz; the bounds leave room for a busy machine
     assert summary.frames >= 8 and summary.language_outputs >= 3, console.file.getvalue()

@@ -1,4 +1,4 @@
-"""``rtc.remainder_source: executor`` over real DDS (issue 33, item 7, node side): the node builds the real-time
+"""``rtc.remainder_source: executor`` over real DDS (the node side): the node builds the real-time
 chunking remainder from the chunk executor's ``oxygen_ros/ExecutedPlan``, not from the timing rule.
 
 A real publisher of the real message stands in for the executor process: every 20 ms it publishes a plan whose
@@ -12,17 +12,14 @@ back to the timing rule and counts it.
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from builtin_interfaces.msg import Duration  # noqa: E402
 from oxygen_ros.msg import ExecutedPlan  # noqa: E402
@@ -38,7 +35,7 @@ CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb",
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 DT_NS = 50_000_000  # 20 Hz actions
 SLOPE = 1.0  # rad/s: 0.05 per action step
-DOMAIN = 20 + (os.getpid() * 13 + 7) % 100
+DOMAIN = ros_domain()
 
 
 def ramp(t_ns: np.ndarray | int, t0_ns: int) -> np.ndarray:

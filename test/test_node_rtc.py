@@ -4,18 +4,15 @@ not; a guided chunk starts at its first action not already committed, and /diagn
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.testing import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
 
@@ -25,7 +22,8 @@ CONFIG = Path(__file__).resolve().parents[1] / "config" / "synthetic.yaml"
 CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 RATE_HZ = 5.0
-DOMAIN = 20 + (os.getpid() * 7 + 3) % 100
+DOMAIN = ros_domain()
+PLAIN_DOMAIN = ros_domain()  # the run without guidance
 
 
 def _guided_status(diag: dict[str, str]) -> bool:
@@ -79,7 +77,7 @@ def _overlap_gaps(chunks: list) -> list[float]:
 
 def test_guided_chunks_continue_the_previous_one() -> None:
     guided, diag = _chunks(True, DOMAIN)
-    plain, _ = _chunks(False, DOMAIN + 1)
+    plain, _ = _chunks(False, PLAIN_DOMAIN)
     assert all(c.first_step == 0 for c in plain), "without RTC the whole chunk is published"
     for c in guided:  # the actions whose time passed before the chunk was ready are not published
         dt, latency = c.dt.sec * 10**9 + c.dt.nanosec, c.inference_latency.sec * 10**9 + c.inference_latency.nanosec

@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-import os
 import signal
 from pathlib import Path
 
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.testing import NodeProcess, Probe  # noqa: E402
 
@@ -23,7 +20,7 @@ LIBERO = REPO / "test" / "fixtures" / "openpi" / "pi05_libero"
 CAMERAS = [("base_0_rgb", "/agentview/image_raw"), ("left_wrist_0_rgb", "/wrist/image_raw")]  # config/libero.yaml
 JOINTS = ["eef_pos_x", "eef_pos_y", "eef_pos_z", "eef_axis_angle_x", "eef_axis_angle_y", "eef_axis_angle_z",
           "gripper_finger_left", "gripper_finger_right"]
-DOMAIN = 20 + (os.getpid() * 7 + 3) % 100
+DOMAIN = ros_domain()
 WANT = "bfloat16_islands (openpi checkpoint: openpi's create_trained_policy runs bf16 on every device)"
 
 

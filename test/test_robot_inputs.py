@@ -5,7 +5,6 @@ published trajectory. Unit tests of the store and the builder first, then the no
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 import time
@@ -13,12 +12,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_policy
+from conftest import random_policy, require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from rcl_interfaces.msg import Log  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
@@ -163,8 +159,8 @@ def test_trajectory_is_on_the_observation_time_line_and_drops_past_points() -> N
 # ---------------------------------------------------------------------------------------------- over DDS
 RATE_HZ = 5.0
 JOINT_AGE_S = 0.3
-DOMAIN = 20 + (os.getpid() * 7 + 11) % 100
-LATE_DOMAIN = 20 + (os.getpid() * 7 + 13) % 100
+DOMAIN = ros_domain()
+LATE_DOMAIN = ros_domain()
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,6 @@ SIGINT during a hang exits 0 within 5 s).
 from __future__ import annotations
 
 import math
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import require_ros, ros_domain
 
 from oxygen_ros.ros.fault_injection import FaultInjector, parse_program
 from oxygen_ros.ros.limits import ActionLimiter, JointLimit, UrdfError, merge_limits, urdf_limits
@@ -268,10 +268,8 @@ def test_the_old_module_path_still_starts_the_node() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- one node over DDS
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+require_ros()
 pytest.importorskip("std_srvs", reason="std_srvs is not installed (run `make setup`)")
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 from lifecycle_msgs.msg import TransitionEvent  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
@@ -292,7 +290,7 @@ RATE_HZ = 5.0
 PERIOD_S = 1.0 / RATE_HZ
 DT_S = PERIOD_S / 10  # random_tiny: H = 10 actions per control period
 WATCHDOG_S = 0.5
-DOMAIN = 20 + (os.getpid() * 7 + 17) % 100
+DOMAIN = ros_domain()
 OVERRIDES = {"limits.joint_1.max": 0.25, "limits.joint_7.min": -0.2, "limits.joint_7.max": 0.2,
              "limits.joint_2.max_velocity": 10.0}
 # what the URDF and the overrides allow, per joint of config/synthetic.yaml: (min, max, max_velocity)

@@ -5,17 +5,14 @@ rejects malformed chunks without stopping. The closed loop with the trained mode
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_context, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 import rclpy  # noqa: E402
 from oxygen_ros.msg import ActionChunk, LanguageOutput  # noqa: E402
@@ -37,7 +34,7 @@ from oxygen_ros.world import CAMERAS, JOINT_NAMES, expert_chunk  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-DOMAIN = 20 + (os.getpid() * 7 + 5) % 100
+DOMAIN = ros_domain()
 SEED = 1_000_000
 
 
@@ -221,11 +218,6 @@ def test_publish_clock_owns_the_time() -> None:
 
 
 def test_publish_clock_refuses_sim_time() -> None:
-    context = Context()
-    rclpy.init(context=context, domain_id=DOMAIN)
-    try:
-        with pytest.raises(ValueError, match="publish_clock and use_sim_time"):
-            TabletopSimNode(context=context, parameter_overrides=[Parameter("publish_clock", value=True),
-                                                                  Parameter("use_sim_time", value=True)])
-    finally:
-        rclpy.try_shutdown(context=context)
+    with ros_context(DOMAIN) as context, pytest.raises(ValueError, match="publish_clock and use_sim_time"):
+        TabletopSimNode(context=context, parameter_overrides=[Parameter("publish_clock", value=True),
+                                                              Parameter("use_sim_time", value=True)])

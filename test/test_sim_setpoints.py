@@ -1,4 +1,4 @@
-"""The tabletop simulator's setpoint-stream input over real DDS (issue 33, item 9): with ``setpoint_topic`` set it
+"""The tabletop simulator's setpoint-stream input over real DDS: with ``setpoint_topic`` set it
 follows a stream of joint setpoints (what the chunk executor streams) instead of action chunks: a scripted expert
 streaming its next action as a JointState command (joints in another order) completes tasks; malformed setpoints
 are counted, not executed; chunks are not executed in that mode; Float64MultiArray commands in joint order work."""
@@ -6,17 +6,14 @@ are counted, not executed; chunks are not executed in that mode; Float64MultiArr
 from __future__ import annotations
 
 import json
-import os
 import threading
 import time
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_context, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 import rclpy  # noqa: E402
 from oxygen_ros.msg import ActionChunk  # noqa: E402
@@ -34,7 +31,7 @@ from oxygen_ros.world import JOINT_NAMES, expert_action  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 
-DOMAIN = 20 + (os.getpid() * 17 + 9) % 100
+DOMAIN = ros_domain()
 SEED = 1_000_000
 TOPIC = "/executor/joint_commands"
 
@@ -152,9 +149,7 @@ def test_float64_multi_array_setpoints_in_joint_order() -> None:
 
 def test_chunks_still_drive_the_default_simulator() -> None:
     """Without setpoint_topic the chunk input is unchanged (make demo's path)."""
-    context = Context()
-    rclpy.init(context=context, domain_id=DOMAIN)
-    try:
+    with ros_context(DOMAIN) as context:
         sim = TabletopSimNode(context=context, parameter_overrides=[Parameter("autostart", value=False)])
         assert sim.setpoint_topic == "" and "/oxygen/action_chunk" in [s.topic_name for s in sim.subscriptions]
         good = np.tile(np.array([0.5, 0.5, 1.0, 0.0], np.float32), (8, 1))
@@ -162,5 +157,3 @@ def test_chunks_still_drive_the_default_simulator() -> None:
         sim._on_chunk(make_action_chunk(good, sim.get_clock().now().nanoseconds, 1, JOINT_NAMES, 0.025, 0.0))
         assert sim.counters.chunks == 1
         sim.destroy_node()
-    finally:
-        rclpy.try_shutdown(context=context)

@@ -7,6 +7,7 @@ import json
 import sys
 
 import torch
+from conftest import assert_plot
 
 from oxygen_ros.bench import vs_openpi
 from oxygen_ros.engine import get_config
@@ -72,7 +73,7 @@ def test_plot_writes_png(tmp_path):
               "max_abs_vs_openpi_eager": {"openpi_eager": 0.0, "oxygen_off": 1.2e-7}}
     (tmp_path / "r.json").write_text(json.dumps(record))
     vs_openpi.main(["plot", str(tmp_path / "r.json"), "--png", str(tmp_path / "r.png"), "--md", str(tmp_path / "r.md")])
-    assert (tmp_path / "r.png").stat().st_size > 1000
+    assert_plot(tmp_path / "r.png")
     assert ("| tiny | fp32 | masked | 1 | 13.0 | nan | `graphs: off`, `kernels: auto` (node default) | 4.6 | 2.90x | "
             "- | 1.2e-07 |" in (tmp_path / "r.md").read_text())
     bf16 = dict(record, precision="bfloat16", setup="unmasked", openpi_compile_mode="max-autotune",

@@ -25,7 +25,7 @@ import torch
 from oxygen_ros.bench.models import DTYPES, build_heads, build_model, dtype_name, resolve_dtype
 from oxygen_ros.bench.report import write_results
 from oxygen_ros.bench.side_by_side import make_plan, profile_batches, run_bench
-from oxygen_ros.engine.engine import MODES
+from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.engine.workload import KINDS, Workload
 
 
@@ -39,7 +39,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="small")
     ap.add_argument("--preset", default="libero")
-    ap.add_argument("--engines", nargs="+", default=["isolated", "shared_kv", "oxygen"], choices=MODES)
+    ap.add_argument("--engines", nargs="+", default=["isolated", "shared_kv", "oxygen"], choices=ENGINE_MODES)
     ap.add_argument("--N", type=int, nargs="+", default=[30], help="tokens per language request")
     ap.add_argument("--k", nargs="+", default=["1", "5"], help="decode budget per frame (oxygen), int or auto")
     ap.add_argument("--S", type=int, default=10, help="denoise steps")

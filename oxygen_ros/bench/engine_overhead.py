@@ -19,13 +19,13 @@ import torch
 
 from oxygen_ros.bench.models import build_model
 from oxygen_ros.bench.observation import dummy_observation
-from oxygen_ros.bench.prefill_layout import cpu_name
 from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine import Observation
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.kv_cache import KVCache
 from oxygen_ros.engine.requests import Frame
+from oxygen_ros.util.host import cpu_name
 
 ENGINE_FILES = ("engine/engine.py", "engine/model_runner.py", "engine/scheduler.py", "engine/timing.py",
                 "engine/requests.py", "engine/observation.py")

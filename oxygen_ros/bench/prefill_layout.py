@@ -24,6 +24,7 @@ from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine import Observation, Pi05Model
 from oxygen_ros.engine.kv_cache import KVCache
 from oxygen_ros.engine.precision import apply_precision
+from oxygen_ros.util.host import cpu_name
 
 # name -> (masked camera slots, valid prompt tokens; None: the whole max_token_len)
 SETUPS = {
@@ -71,17 +72,6 @@ def paired(a, b, pairs: int) -> dict:
         ratios.append(times["b"] / times["a"])
     return {"padded_ms": 1e3 * statistics.median(ta), "compact_ms": 1e3 * statistics.median(tb),
             "compact_over_padded": statistics.median(ratios), "pairs": pairs}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (/proc/cpuinfo), '' where unreadable."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return ""
 
 
 def run(config: str, precision: str, pairs: int, threads: int) -> dict:

@@ -30,6 +30,7 @@ from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.policy.synthetic import make_random_checkpoint
 from oxygen_ros.serve import ServerThread
 from oxygen_ros.serve.options import build_server, parse
+from oxygen_ros.util.stats import percentile
 
 MODES = ("serial", "batched")
 
@@ -60,9 +61,8 @@ def run_point(checkpoint: Path, mode: str, clients: int, requests: int, window_m
     horizon = len(records[0]["actions"])
     return {"mode": mode, "clients": clients, "requests_per_client": requests, "seconds": span,
             "chunks_per_s": len(records) / span, "actions_per_s": len(records) * horizon / span,
-            "rtt_p50_ms": float(np.percentile(rtt, 50)), "rtt_p99_ms": float(np.percentile(rtt, 99)),
-            "server_overhead_p50_ms": float(np.percentile(overhead, 50)),
-            "server_overhead_p99_ms": float(np.percentile(overhead, 99)),
+            "rtt_p50_ms": percentile(rtt, 50), "rtt_p99_ms": percentile(rtt, 99),
+            "server_overhead_p50_ms": percentile(overhead, 50), "server_overhead_p99_ms": percentile(overhead, 99),
             "policy_ms_p50": float(np.median([r["policy_ms"] for r in records])),
             "mean_batch": float(np.mean([r["batch"] for r in records])),
             "actions": [[r["actions"] for r in c] for c in per_client]}

@@ -32,6 +32,7 @@ from tqdm import tqdm
 from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.testing.probe import Probe, header_ns
 from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
+from oxygen_ros.util.stats import percentile
 
 from .report import save_figure, write_run
 
@@ -57,8 +58,6 @@ def _counts(diag: dict[str, str]) -> dict[str, float]:
     return out
 
 
-def _pct(values: list[float], q: float, scale: float = 1.0) -> float | None:
-    return float(np.percentile(values, q)) * scale if values else None
 
 
 def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str, camera_rate: float,
@@ -116,8 +115,8 @@ def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str,
         "late_ticks": late, "late_tick_pct": 100.0 * late / ticks,
         "skipped": {k.removeprefix("skipped."): int(v) for k, v in delta.items() if k.startswith("skipped.") and v},
         "chunks": len(chunks), "repeated_observations": repeated,
-        "latency_ms": {"p50": _pct(latency, 50, 1e3), "p99": _pct(latency, 99, 1e3)},
-        "chunk_gap_ms": {"p50": _pct(list(gaps), 50, 1e3), "p99": _pct(list(gaps), 99, 1e3),
+        "latency_ms": {"p50": percentile(latency, 50, 1e3), "p99": percentile(latency, 99, 1e3)},
+        "chunk_gap_ms": {"p50": percentile(list(gaps), 50, 1e3), "p99": percentile(list(gaps), 99, 1e3),
                          "max": float(gaps.max() * 1e3) if gaps.size else None},
         "series": {"t_s": [round(float(s - stamps[0]) / 1e9, 3) for s in stamps] if stamps else [],
                    "latency_ms": [round(v * 1e3, 2) for v in latency]},

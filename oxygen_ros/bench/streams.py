@@ -1,4 +1,4 @@
-"""Multi-stream language workload, engines side by side (``oxygen-bench streams``, issue #12).
+"""Multi-stream language workload, engines side by side (``oxygen-bench streams``).
 
     oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
 
@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import statistics
 import sys
 import time
@@ -60,6 +59,7 @@ from oxygen_ros.engine import Observation, Pi05Model
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.modes import NODE_MODES
 from oxygen_ros.engine.requests import FinishedRequest, Frame, FrameResult, LanguageRequest
+from oxygen_ros.util.stats import nearest_rank
 
 ENGINES = ("oxygen", "isolated", "shared_kv")
 TARGET_SPEEDUP = 1.5  # oxygen action frequency >= 1.5x isolated's
@@ -143,13 +143,6 @@ def observations(model: Pi05Model, count: int = 4) -> list[Observation]:
         images = (base.images.cpu() + 0.2 * torch.randn(base.images.shape, generator=gen)).clamp(-1, 1)
         out.append(dataclasses.replace(base, images=images.to(base.images.device, base.images.dtype)))
     return out
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Nearest-rank percentile (an observed value): the smallest value with at least ``q`` of them at or below
-    it (p99 of fewer than 100 samples is their maximum)."""
-    s = sorted(values)
-    return s[max(0, math.ceil(q * len(s)) - 1)]
 
 
 class StreamRun:
@@ -250,9 +243,9 @@ def stream_stats(finished: list[FinishedRequest], measured: range, submitted: in
     secs = [f.latency_s for f in fs]
     out = {"submitted": submitted, "finished": len(fs), "tokens": sum(len(f.tokens) for f in fs)}
     if fs:
-        out |= {"latency_frames_p50": statistics.median(frames_), "latency_frames_p99": percentile(frames_, 0.99),
+        out |= {"latency_frames_p50": statistics.median(frames_), "latency_frames_p99": nearest_rank(frames_, 99),
                 "latency_frames_mean": statistics.fmean(frames_),
-                "latency_s_p50": statistics.median(secs), "latency_s_p99": percentile(secs, 0.99),
+                "latency_s_p50": statistics.median(secs), "latency_s_p99": nearest_rank(secs, 99),
                 "latency_s_mean": statistics.fmean(secs), "latency_frames": frames_, "latency_s": secs}
     return out
 
@@ -264,7 +257,7 @@ def summarize_engine(run: StreamRun, horizon: int, streams: Sequence[StreamSpec]
     median = statistics.median(times)
     stalls = [i for i, t in enumerate(times) if t > STALL_FACTOR * median]
     calm = [t for t in times if t <= STALL_FACTOR * median]
-    p99_calm = percentile(calm, 0.99)
+    p99_calm = nearest_rank(calm, 99)
     measured = range(run.warm, len(run.schedule))
     submitted: dict[str, int] = defaultdict(int)
     for f in measured:
@@ -284,20 +277,20 @@ def summarize_engine(run: StreamRun, horizon: int, streams: Sequence[StreamSpec]
         "action_hz_without_stalls": horizon * len(calm) / sum(calm),
         "frame_ms_mean": 1e3 * total / len(times),
         "frame_ms_median": 1e3 * median,
-        "frame_ms_p99": 1e3 * percentile(times, 0.99),
+        "frame_ms_p99": 1e3 * nearest_rank(times, 99),
         "frame_ms_p99_without_stalls": 1e3 * p99_calm,
         "p99_over_median": p99_calm / median,  # host stalls excluded (they are reported beside)
-        "p99_over_median_with_stalls": percentile(times, 0.99) / median,
+        "p99_over_median_with_stalls": nearest_rank(times, 99) / median,
         "host_stalls": len(stalls),
         "host_stall_ms": [1e3 * times[i] for i in stalls],
         "deadline_misses": sum(t > d for t, d in zip(times, run.deadlines, strict=True)) if run.deadlines else None,
         "deadline_overrun_ms_max": (1e3 * max(t - d for t, d in zip(times, run.deadlines, strict=True))
                                     if run.deadlines else None),
         "frame_over_deadline_median": statistics.median(over) if over else None,
-        "frame_over_deadline_p99": percentile(over, 0.99) if over else None,
+        "frame_over_deadline_p99": nearest_rank(over, 99) if over else None,
         # the host's share of the spread: prefill + denoise is the same work in every frame of every engine
         "action_part_ms_median": 1e3 * statistics.median(action),
-        "action_part_p99_over_median": percentile(action, 0.99) / statistics.median(action),
+        "action_part_p99_over_median": nearest_rank(action, 99) / statistics.median(action),
         "action_part_ms_all": [1e3 * t for t in action],
         "tokens_per_s": sum(r.tokens_generated for r in run.records) / total,
         "tokens_per_frame": sum(r.tokens_generated for r in run.records) / len(times),

@@ -16,7 +16,7 @@ from oxygen_ros.bench.points import Point, point_of
 BASELINE = {"engine": "isolated", "k": None, "workload": "every_frame", "period": 1, "burst": 0, "rate": 1.0,
             "min_tokens": 0, "deadline": None}
 ORACLE = {**BASELINE, "engine": "oxygen", "N": 0, "workload": "none"}
-TARGETS = {  # issue 4 (CPU figures; the paper's GPU figure at k=5 is 3.7x)
+TARGETS = {  # the CPU targets (the paper's GPU figure at k=5 is 3.7x)
     "N30_k1": 2.5, "N30_k5": 2.0, "N5_shared_kv": 1.3, "manager_share_max": 0.01, "oxygen_memory_x": 1.1}
 
 

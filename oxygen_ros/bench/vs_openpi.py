@@ -205,11 +205,11 @@ def add_expert_lm_head(weights: Path, cfg) -> None:
 def run(args: argparse.Namespace) -> None:
     from safetensors.torch import load_model
 
-    from oxygen_ros.bench.prefill_layout import cpu_name
     from oxygen_ros.engine import get_config
     from oxygen_ros.engine.checkpoint import load_checkpoint
     from oxygen_ros.engine.precision import apply_precision
     from oxygen_ros.policy.synthetic import make_random_checkpoint
+    from oxygen_ros.util.host import cpu_name
 
     ours_precision = {"float32": "float32", "bfloat16": "bfloat16_islands"}[args.precision]  # the node's dtype: auto
     tolerance = args.tolerance if args.tolerance is not None else {"float32": 1e-4, "bfloat16": 0.1}[args.precision]

@@ -23,7 +23,7 @@ from .kv_cache import KVCache
 from .lora import LoraAdapter
 from .model import Pi05Model, Prefix
 from .model_runner import ModelRunner
-from .modes import ENGINE_MODES, UNBOUNDED, EngineConfig, ModeSpec
+from .modes import UNBOUNDED, EngineConfig, ModeSpec
 from .observation import Observation, stack_observations
 from .requests import ActionCallback, BatchActionCallback, FinishedRequest, Frame, FrameResult, LanguageRequest
 from .rtc import RTCPrefix
@@ -33,10 +33,8 @@ from .timing import Stopwatch
 
 log = logging.getLogger(__name__)
 
-MODES = ENGINE_MODES  # the old name
 
-
-__all__ = ["MODES", "UNBOUNDED", "ActionCallback", "BatchActionCallback", "Engine", "EngineConfig", "FinishedRequest",
+__all__ = ["UNBOUNDED", "ActionCallback", "BatchActionCallback", "Engine", "EngineConfig", "FinishedRequest",
            "Frame", "FrameResult", "LanguageRequest", "ParallelEngine", "build_engine"]
 
 

@@ -33,6 +33,8 @@ from pathlib import Path
 
 import torch
 
+from oxygen_ros.util.host import cpu_name
+
 from .compiled_store import default_cache_dir, digest
 from .fusion import PACKED_DTYPES
 from .kv_cache import KVCache
@@ -183,17 +185,8 @@ def _key(backbone: GemmaStack, experts: list[GemmaStack], rows: dict[str, int]) 
     w = backbone.layers[0].mlp.down_proj.weight
     return {"backbone": sizes(backbone), "experts": [sizes(e) for e in experts], "rows": rows,
             "dtype": str(w.dtype),
-            "threads": torch.get_num_threads(), "torch": torch.__version__, "cpu": _cpu_name()}
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+            "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "cpu": cpu_name() or platform.processor() or platform.machine()}
 
 
 def _applicable(stack: GemmaStack) -> bool:

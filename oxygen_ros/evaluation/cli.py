@@ -2,9 +2,9 @@
 
     python -m oxygen_ros.evaluation BAG --params-file config/synthetic.yaml [-p name:=value ...] --out DIR
     python -m oxygen_ros.evaluation BAG BAG ... | DIR | 'GLOB' --params-file ... --out DIR [--ray-address ADDR]
-    python -m oxygen_ros.tools.make_demo_bag OUT [--duration 10] [--size 224] [--storage mcap] [--compressed]
-    python -m oxygen_ros.tools.make_demo_bag OUT --scene tabletop --count 20
-    python -m oxygen_ros.tools.replay_bag BAG [--clock] [--rate 1.0] [--loop]
+    oxygen-make-demo-bag OUT [--duration 10] [--size 224] [--storage mcap] [--compressed]
+    oxygen-make-demo-bag OUT --scene tabletop --count 20
+    oxygen-replay-bag BAG [--clock] [--rate 1.0] [--loop]
 
 The evaluation takes the node's own parameters: the ``ros__parameters`` of a ROS 2 params YAML (its ``/**``
 section and the node's, ``oxygen`` / ``/oxygen``, later ones overriding earlier ones), then ``-p name:=value``
@@ -244,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def make_demo_bag_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oxygen_ros.tools.make_demo_bag`` / ``oxygen-make-demo-bag``: write the synthetic demo bag, or
+    """``oxygen-make-demo-bag``: write the synthetic demo bag, or
     tabletop-world bags (``--scene tabletop [--count N]``) with the expert's commands and the world's language."""
     from .demo_bag import DEFAULT_CAMERAS, DEFAULT_INSTRUCTION, DEFAULT_JOINT_NAMES, make_demo_bag
 
@@ -331,7 +331,7 @@ def _replay_parser(latched: Sequence[str]) -> argparse.ArgumentParser:
 
 
 def replay_bag_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oxygen_ros.tools.replay_bag`` / ``oxygen-replay-bag``: publish a bag, paced, over DDS."""
+    """``oxygen-replay-bag``: publish a bag, paced, over DDS."""
     import rclpy  # the replayer needs ROS 2: imported only here
     from rosbags.highlevel import AnyReaderError
     from rosbags.rosbag2 import ReaderError

@@ -1,5 +1,5 @@
 """A deterministic rosbag2 of the synthetic demo scene (:mod:`oxygen_ros.world.synthetic`): cameras, joint states
-and the instruction, written with rosbags (``python -m oxygen_ros.tools.make_demo_bag``, ``oxygen-make-demo-bag``).
+and the instruction, written with rosbags (``oxygen-make-demo-bag``).
 
 Topics: one ``sensor_msgs/Image`` (rgb8) per camera per tick on ``camera_topic_fmt`` (or
 ``sensor_msgs/CompressedImage`` jpeg on ``<topic>/compressed``), ``/joint_states`` (``sensor_msgs/JointState``)

@@ -1,5 +1,5 @@
 """Replay a rosbag2 (sqlite3 or mcap) onto ROS 2 topics without ros2cli/rosbag2, using rosbags + rclpy
-(``python -m oxygen_ros.tools.replay_bag``, ``oxygen-replay-bag``).
+(``oxygen-replay-bag``).
 
 The bag's raw CDR payloads are published as they are (rclpy ``publish`` accepts serialized bytes), paced by
 the bag timestamps divided by ``rate``. With ``clock`` the bag time is published on /clock (rosgraph_msgs/Clock)

@@ -9,14 +9,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
 from oxygen_ros.engine.requests import FinishedRequest
+from oxygen_ros.util.stats import summary
 
 from .outputs import ACTION_TOPIC, LANGUAGE_TOPIC
 from .scoring import ChunkRecord
 
-__all__ = ["REPORT_KEYS", "STAGES", "RunLog", "build_report", "exact_match", "percentiles"]
+__all__ = ["REPORT_KEYS", "STAGES", "RunLog", "build_report", "exact_match"]
 
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager")
 REPORT_KEYS = ("version", "inputs", "config", "model", "ticks", "frames", "skipped", "skip_reasons",
@@ -49,15 +48,6 @@ class RunLog:
                               "eos": f.eos, "dropped": f.dropped, "text": f.text or ""})
 
 
-def percentiles(values: Sequence[float]) -> dict[str, float | int | None]:
-    """count, mean, p50, p90, p99, max of ``values`` (None entries when empty)."""
-    if not values:
-        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-    a = np.asarray(values, dtype=np.float64)
-    return {"count": int(a.size), "mean": float(a.mean()), "p50": float(np.percentile(a, 50)),
-            "p90": float(np.percentile(a, 90)), "p99": float(np.percentile(a, 99)), "max": float(a.max())}
-
-
 def _summary(per_frame: list[dict], horizon: int, period: float) -> dict[str, Any]:
     """Action frequency, frame time percentiles, mean stage times, deadline misses, language throughput."""
     frame_s = [f["timings_ms"]["frame"] / 1e3 for f in per_frame]
@@ -68,9 +58,9 @@ def _summary(per_frame: list[dict], horizon: int, period: float) -> dict[str, An
         "action_hz_end_to_end": (horizon * len(per_frame) / sum(f["timings_ms"]["tick"] / 1e3 for f in per_frame)
                                  if per_frame else None),
         "control_rate_hz": 1.0 / period,
-        "frame_ms": percentiles([1e3 * s for s in frame_s]),
+        "frame_ms": summary([1e3 * s for s in frame_s]),
         # measured newest input -> chunk ready; reported only: the bag clock's delay model does not read it
-        "latency_ms": percentiles([f["timings_ms"]["latency"] for f in per_frame if "latency" in f["timings_ms"]]),
+        "latency_ms": summary([f["timings_ms"]["latency"] for f in per_frame if "latency" in f["timings_ms"]]),
         "stage_ms_mean": {s: statistics.fmean(f["timings_ms"][s] for f in per_frame) if per_frame else None
                           for s in (*STAGES, "preprocess", "frame", "tick")},
         "deadline_misses": sum(s > period for s in frame_s),
@@ -85,10 +75,10 @@ def _requests(log: RunLog, totals: Mapping[str, int], backlog: int) -> dict[str,
     done = [r for r in log.requests if not r["dropped"]]
     return {"issued": log.issued, "finished": len(done), "eos": sum(bool(r["eos"]) for r in done),
             "rejected": totals["rejected"], "dropped": totals["dropped"], "unfinished": backlog,
-            "latency_s": percentiles([r["latency_s"] for r in done]),
-            "latency_frames": percentiles([r["latency_frames"] for r in done]),
-            "per_stream": {stream: {"finished": len(rs), "latency_s": percentiles([r["latency_s"] for r in rs]),
-                                    "latency_frames": percentiles([r["latency_frames"] for r in rs])}
+            "latency_s": summary([r["latency_s"] for r in done]),
+            "latency_frames": summary([r["latency_frames"] for r in done]),
+            "per_stream": {stream: {"finished": len(rs), "latency_s": summary([r["latency_s"] for r in rs]),
+                                    "latency_frames": summary([r["latency_frames"] for r in rs])}
                            for stream in sorted({r["stream"] for r in done})
                            for rs in [[r for r in done if r["stream"] == stream]]},
             "items": log.requests}
