@@ -1,5 +1,6 @@
-"""The executor's process: ROS init, a multi-threaded executor (the command timer never waits for an input
-callback), signal handling and an orderly shutdown.
+"""The executor's process: ROS init, a multi-threaded executor for the inputs (the command loop is a thread of
+its own, :mod:`.loop`), signal handling and an orderly shutdown: the loop stops first, then the executor, then the
+node.
 
     python -m oxygen_ros.executor --ros-args -p command_rate_hz:=100.0     (or oxygen-executor, ros2 run)
 """
@@ -60,6 +61,7 @@ def main(args: list[str] | None = None) -> int:
     spinner.start()
     while not stop.wait(0.2):
         pass
+    node.stop_loop()  # no setpoint after this; then no callback runs while the node's handles go
     executor.shutdown(timeout_sec=5.0)
     spinner.join(timeout=5.0)
     node.destroy_node()

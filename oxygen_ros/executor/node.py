@@ -15,13 +15,17 @@ Topics (node name ``oxygen_executor``; relative names follow the namespace):
   out  ~/executed                          oxygen_ros/ExecutedPlan, every command period
   out  /diagnostics                        diagnostic_msgs/DiagnosticArray, 1 Hz (status ``<node>: executor``)
 
-The command timer runs on the node clock (``use_sim_time`` follows /clock) in its own callback group on a
-multi-threaded executor; inputs only hand data to the streamer under a lock (:mod:`.streamer`).
+Setpoints come from a command loop of its own (:mod:`.loop`, ``loop: thread``): a thread that sleeps to absolute
+monotonic deadlines (``use_sim_time``: it follows /clock), with the ``rt.*`` settings applied to that thread only
+(:mod:`.rt`). Inputs arrive on the rclpy executor and only hand data to the streamer under a short lock
+(:mod:`.streamer`). ``loop: timer`` keeps the former rclpy timer (for the timing benchmark's comparison).
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -41,8 +45,10 @@ from oxygen_ros.ros.limits import JointLimit, UrdfError, joint_limit_names, merg
 from oxygen_ros.ros.safety import NewestPerPublisher
 
 from .aggregation import parse_aggregate
+from .loop import CommandLoop
 from .outputs import JointOrder, chunk_from_msg, executed_msg, output_msg
 from .params import EXECUTOR_PARAMS, ExecutorParams, validate
+from .rt import RtReport, apply_process
 from .streamer import Setpoint, SetpointStreamer
 from .timeline import Timeline
 
@@ -114,23 +120,64 @@ class ExecutorNode(Node):
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._tick_group = tick_group
         self._timer = None
+        self.loop: CommandLoop | None = None
         self.rate_hz = 0.0
+        self._sim_time = bool(self.get_parameter("use_sim_time").value)
+        self.rt = apply_process(p.rt_switch_interval_s, p.rt_mlockall)
+        self._gc_frozen = 0
         if rate:
-            self._start_timer(rate)
+            self._start_loop(rate)
         self.create_timer(1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup(),
                           clock=Clock(clock_type=ClockType.STEADY_TIME))
         self.get_logger().info(
             f"executor: {p.chunk_topic} -> {p.output} on {self.resolve_topic_name(p.output_topic)}, switch "
             f"{p.switch}{f' ({p.aggregate})' if p.switch == 'aggregate' else ''}, interpolation {p.interpolation}, "
-            + (f"{rate:g} Hz" if rate else "rate from the first chunk (1 / ActionChunk.dt)"))
+            + (f"{rate:g} Hz" if rate else "rate from the first chunk (1 / ActionChunk.dt)")
+            + f", loop {p.loop}{' on /clock' if self._sim_time else ''}")
+        self._log_rt()
+        if p.rt_gc_freeze:  # what configure made lives on outside the collector; collections run at 1 Hz, off the loop
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            self._gc_frozen = gc.get_freeze_count()
+            self.rt.values["rt.gc"] = f"frozen {self._gc_frozen} objects, collected at 1 Hz off the loop"
+        else:
+            self.rt.values["rt.gc"] = "automatic"
 
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
-    def _start_timer(self, rate_hz: float) -> None:
+    def _start_loop(self, rate_hz: float) -> None:
         self.rate_hz = float(rate_hz)
-        self.streamer.period_ns = round(1e9 / rate_hz)
-        self._timer = self.create_timer(1.0 / rate_hz, self._tick, self._tick_group)  # node clock
+        period_ns = round(1e9 / rate_hz)
+        self.streamer.period_ns = period_ns
+        p = self.params
+        if p.loop == "timer":
+            self._timer = self.create_timer(1.0 / rate_hz, self._tick, self._tick_group)  # node clock
+            self.rt.values["rt.policy"] = "rclpy timer (rt.priority / rt.cpus not applied)"
+            return
+        self.loop = CommandLoop(period_ns, self._tick_at, self.get_clock() if self._sim_time else None,
+                                p.rt_priority, p.rt_cpus)
+        self.loop.start()
+        self.rt = RtReport({**self.rt.values, **self.loop.rt.values}, self.rt.warnings + self.loop.rt.warnings)
+
+    def _log_rt(self) -> None:
+        log = self.get_logger()
+        log.info("real-time: " + ", ".join(f"{k[3:]} {v}" for k, v in self.rt.values.items()))
+        for w in self.rt.warnings:
+            log.warning(w)
+
+    def stop_loop(self, timeout: float = 5.0) -> bool:
+        """Stop the command loop (before the node is destroyed); True when it has ended."""
+        if getattr(self, "_timer", None) is not None:  # (also on a node whose construction failed)
+            self.destroy_timer(self._timer)
+            self._timer = None
+        loop = getattr(self, "loop", None)
+        return loop.stop(timeout) if loop is not None else True
+
+    def destroy_node(self) -> None:
+        self.stop_loop()
+        super().destroy_node()
 
     # ------------------------------------------------------------------------------------------ inputs
     def _on_chunk(self, msg: ActionChunk) -> None:
@@ -151,9 +198,10 @@ class ExecutorNode(Node):
                 except ValueError as e:
                     self._order_error = str(e)
                     self.get_logger().error(f"no setpoint can be published: {e}")
-        if why is None and self._timer is None:  # the command rate follows the chunks' dt
-            self._start_timer(1e9 / chunk.dt_ns)
+        if why is None and self._timer is None and self.loop is None:  # the command rate follows the chunks' dt
+            self._start_loop(1e9 / chunk.dt_ns)
             self.get_logger().info(f"command rate {self.rate_hz:g} Hz (1 / ActionChunk.dt)")
+            self._log_rt()
 
     def _on_joints(self, msg: JointState) -> None:
         now = self._now_ns()
@@ -196,7 +244,11 @@ class ExecutorNode(Node):
 
     # ------------------------------------------------------------------------------------------ the tick
     def _tick(self) -> None:
-        now = self._now_ns()
+        """The rclpy timer's tick (``loop: timer``)."""
+        self._tick_at(self._now_ns())
+
+    def _tick_at(self, now: int) -> None:
+        """One setpoint at node time ``now`` (the command loop's thread, or the timer's). No logging here."""
         with self._lock:
             sp = self.streamer.tick(now, self._measured(now))
             self._last = sp
@@ -215,17 +267,26 @@ class ExecutorNode(Node):
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def _publish_diagnostics(self) -> None:
+        if self.params.rt_gc_freeze:  # the collector's pass, here rather than in the command loop
+            t0 = time.perf_counter()
+            gc.collect(1)
+            self.rt.values["rt.gc_pass_ms"] = f"{(time.perf_counter() - t0) * 1e3:.2f}"
+        loop = self.loop
         with self._lock:
             sp = self._last
             values = {"state": sp.state if sp else "no_tick", "command_rate_hz": f"{self.rate_hz:g}",
                       "output": self.params.output, "switch": self.params.switch,
                       "interpolation": self.params.interpolation, "limits.robot": self._robot or "none",
                       "joint_states.joints": len(self._joints),
+                      "loop": self.params.loop, **self.rt.values, **(loop.stats() if loop else {}),
                       **self.streamer.diagnostics(), **self.counts}
+        failure = loop.failure if loop is not None else None
         status = DiagnosticStatus(name=f"{self.get_name()}: executor", hardware_id=self.get_fully_qualified_name())
         state = values["state"]
         status.level = DiagnosticStatus.WARN if state in _WARN_STATES or self._order_error else DiagnosticStatus.OK
-        status.message = self._order_error or {
+        if failure is not None:
+            status.level = DiagnosticStatus.ERROR
+        status.message = (f"command loop failed: {failure!r}" if failure is not None else "") or self._order_error or {
             "stale": f"stale: no chunk for stale_timeout_s={self.params.stale_timeout_s:g} s "
                      f"({'holding' if self.params.on_stale == 'hold' else 'stopped'})",
             "halted": "halted: holding the setpoint", "exhausted": "underrun: the chunk ran out, holding",
