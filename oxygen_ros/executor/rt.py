@@ -4,8 +4,8 @@
 native thread id, so the process's other threads (DDS, rclpy's executor) keep their normal policy. A setting the
 OS refuses is reported, never raised: the loop then runs at normal priority. :func:`apply_process` sets what is
 process-wide (the interpreter's switch interval, ``mlockall``). :func:`thread_sched` reads a thread's policy,
-priority and affinity back from ``/proc/self/task/<tid>/``. :func:`capability` says what the machine allows
-(RLIMIT_RTPRIO, CAP_SYS_NICE, a PREEMPT_RT kernel, isolated CPUs), for ``oxygen-doctor``.
+priority and affinity back from ``/proc/self/task/<tid>/``. What the machine allows (for ``oxygen-doctor``):
+:func:`oxygen_ros.ros.realtime.capability`.
 """
 
 from __future__ import annotations
@@ -13,14 +13,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import os
-import platform
-import resource
 import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["RtReport", "apply_process", "apply_thread", "capability", "parse_cpus", "thread_sched"]
+__all__ = ["RtReport", "apply_process", "apply_thread", "parse_cpus", "thread_sched"]
 
 _MCL_CURRENT, _MCL_FUTURE = 1, 2
 _POLICIES = {0: "SCHED_OTHER", 1: "SCHED_FIFO", 2: "SCHED_RR", 3: "SCHED_BATCH", 5: "SCHED_IDLE"}
@@ -113,40 +111,3 @@ def thread_sched(tid: int, pid: int | str = "self") -> tuple[str, int, set[int]]
         if line.startswith("Cpus_allowed_list:"):
             allowed = parse_cpus(line.split(":", 1)[1].strip())
     return _POLICIES.get(policy, str(policy)), rt_priority, allowed
-
-
-def _cap_sys_nice() -> bool:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("CapEff:"):
-            return bool(int(line.split()[1], 16) & (1 << 23))
-    return False
-
-
-def capability() -> list[tuple[str, bool, str, str]]:
-    """What this machine allows for a real-time loop: (check, ok, what was found, the fix when not ok)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
-    cap = _cap_sys_nice()
-    rtprio = hard == resource.RLIM_INFINITY or hard > 0
-    out = [("SCHED_FIFO allowed", rtprio or cap,
-            f"RLIMIT_RTPRIO soft {_lim(soft)} hard {_lim(hard)}, CAP_SYS_NICE {'yes' if cap else 'no'}",
-            "add '@realtime - rtprio 99' and '@realtime - memlock unlimited' to /etc/security/limits.conf, put "
-            "the user in group realtime and log in again (or run with CAP_SYS_NICE; in a container "
-            "--cap-add=SYS_NICE --ulimit rtprio=99)")]
-    rt_file = Path("/sys/kernel/realtime")
-    uname = platform.uname()
-    preempt_rt = (rt_file.exists() and rt_file.read_text().strip() == "1") or "PREEMPT_RT" in uname.version
-    out.append(("PREEMPT_RT kernel", preempt_rt, f"{uname.release} ({uname.version})",
-                "boot a PREEMPT_RT kernel (Ubuntu Pro: 'pro enable realtime-kernel'; Jetson: the L4T RT kernel)"))
-    iso = Path("/sys/devices/system/cpu/isolated")
-    isolated = iso.read_text().strip() if iso.exists() else ""
-    out.append(("isolated CPUs", bool(isolated), isolated or "none",
-                "reserve a core for the loop: kernel arguments 'isolcpus=N nohz_full=N rcu_nocbs=N', then "
-                "rt.cpus:=N"))
-    mem_soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    out.append(("mlockall allowed", mem_soft == resource.RLIM_INFINITY or os.geteuid() == 0,
-                f"RLIMIT_MEMLOCK {_lim(mem_soft)}", "'memlock unlimited' in /etc/security/limits.conf"))
-    return out
-
-
-def _lim(value: int) -> str:
-    return "unlimited" if value == resource.RLIM_INFINITY else str(value)
