@@ -15,6 +15,10 @@ Topics (node name ``oxygen_executor``; relative names follow the namespace):
   out  ~/executed                          oxygen_ros/ExecutedPlan, every command period
   out  /diagnostics                        diagnostic_msgs/DiagnosticArray, 1 Hz (status ``<node>: executor``)
 
+A lifecycle node, as ros2_control's controllers: configure (parameters, limits, the process's real-time settings),
+activate (the command loop starts, the first setpoint from the measured position), deactivate (the setpoint held
+for ``deactivate_hold_s``, then publishing stops); ``autostart`` (default) does configure and activate at startup.
+
 Setpoints come from a command loop of its own (:mod:`.loop`, ``loop: thread``): a thread that sleeps to absolute
 monotonic deadlines (``use_sim_time``: it follows /clock), with the ``rt.*`` settings applied to that thread only
 (:mod:`.rt`). Inputs arrive on the rclpy executor and only hand data to the streamer under a short lock
@@ -34,7 +38,7 @@ from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
@@ -58,9 +62,10 @@ NODE_NAME = "oxygen_executor"
 EXECUTED_TOPIC = "~/executed"
 _OUTPUT_TYPES = {"float64_array": Float64MultiArray, "joint_state": JointState, "trajectory": JointTrajectory}
 _WARN_STATES = ("stale", "halted", "exhausted", "waiting_joint_states")
+SUCCESS = TransitionCallbackReturn.SUCCESS
 
 
-class ExecutorNode(Node):
+class ExecutorNode(LifecycleNode):
     """See the module docstring. Parameters are checked at construction.
 
     Raises:
@@ -123,18 +128,35 @@ class ExecutorNode(Node):
         self.loop: CommandLoop | None = None
         self.rate_hz = 0.0
         self._sim_time = bool(self.get_parameter("use_sim_time").value)
-        self.rt = apply_process(p.rt_switch_interval_s, p.rt_mlockall)
+        self.rt = RtReport()
         self._gc_frozen = 0
-        if rate:
-            self._start_loop(rate)
-        self.create_timer(1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup(),
-                          clock=Clock(clock_type=ClockType.STEADY_TIME))
+        self._active = False
+        self._rate = rate
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.create_timer(1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup(), clock=steady)
+        self._autostart_timer = self.create_timer(0.01, self._autostart, clock=steady) if p.autostart else None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def _autostart(self) -> None:
+        if self._autostart_timer is not None:
+            self.destroy_timer(self._autostart_timer)
+            self._autostart_timer = None
+        if self.trigger_configure() != SUCCESS or self.trigger_activate() != SUCCESS:
+            self.get_logger().error("autostart: configure / activate failed")
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Parameters (checked at construction), limits, the process's real-time settings."""
+        p, rate = self.params, self._rate
+        self.rt = apply_process(p.rt_switch_interval_s, p.rt_mlockall)
         self.get_logger().info(
             f"executor: {p.chunk_topic} -> {p.output} on {self.resolve_topic_name(p.output_topic)}, switch "
             f"{p.switch}{f' ({p.aggregate})' if p.switch == 'aggregate' else ''}, interpolation {p.interpolation}, "
             + (f"{rate:g} Hz" if rate else "rate from the first chunk (1 / ActionChunk.dt)")
             + f", loop {p.loop}{' on /clock' if self._sim_time else ''}")
-        self._log_rt()
         if p.rt_gc_freeze:  # what configure made lives on outside the collector; collections run at 1 Hz, off the loop
             gc.collect()
             gc.freeze()
@@ -143,6 +165,35 @@ class ExecutorNode(Node):
             self.rt.values["rt.gc"] = f"frozen {self._gc_frozen} objects, collected at 1 Hz off the loop"
         else:
             self.rt.values["rt.gc"] = "automatic"
+        return SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Start the command loop; the first setpoint starts from the measured position."""
+        with self._lock:
+            self.streamer.resume(self._now_ns())
+        self._active = True
+        if self.rate_hz or self._rate:
+            self._start_loop(self.rate_hz or self._rate)
+        self._log_rt()
+        return SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Hold the setpoint (published unchanged for ``deactivate_hold_s``), then stop publishing."""
+        with self._lock:
+            self.streamer.suspend()
+        self._active = False
+        time.sleep(self.params.deactivate_hold_s)  # the loop keeps publishing the held setpoint meanwhile
+        self.stop_loop()
+        self.get_logger().info("deactivated: setpoint held, publishing stopped")
+        return SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.stop_loop()
+        return SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.stop_loop()
+        return SUCCESS
 
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
@@ -153,8 +204,12 @@ class ExecutorNode(Node):
         self.streamer.period_ns = period_ns
         p = self.params
         if p.loop == "timer":
+            if self._timer is not None:
+                return
             self._timer = self.create_timer(1.0 / rate_hz, self._tick, self._tick_group)  # node clock
             self.rt.values["rt.policy"] = "rclpy timer (rt.priority / rt.cpus not applied)"
+            return
+        if self.loop is not None and self.loop.alive:
             return
         self.loop = CommandLoop(period_ns, self._tick_at, self.get_clock() if self._sim_time else None,
                                 p.rt_priority, p.rt_cpus)
@@ -173,7 +228,7 @@ class ExecutorNode(Node):
             self.destroy_timer(self._timer)
             self._timer = None
         loop = getattr(self, "loop", None)
-        return loop.stop(timeout) if loop is not None else True
+        return loop.stop(timeout) if loop is not None else True  # a stopped loop is not started again: a new one
 
     def destroy_node(self) -> None:
         self.stop_loop()
@@ -182,6 +237,10 @@ class ExecutorNode(Node):
     # ------------------------------------------------------------------------------------------ inputs
     def _on_chunk(self, msg: ActionChunk) -> None:
         now = self._now_ns()
+        if not self._active:
+            with self._lock:
+                self.streamer.rejected["inactive"] = self.streamer.rejected.get("inactive", 0) + 1
+            return
         try:
             chunk = chunk_from_msg(msg, self._renames, self.params.action_names)
         except ValueError as e:
@@ -198,7 +257,7 @@ class ExecutorNode(Node):
                 except ValueError as e:
                     self._order_error = str(e)
                     self.get_logger().error(f"no setpoint can be published: {e}")
-        if why is None and self._timer is None and self.loop is None:  # the command rate follows the chunks' dt
+        if why is None and not self.rate_hz:  # the command rate follows the chunks' dt
             self._start_loop(1e9 / chunk.dt_ns)
             self.get_logger().info(f"command rate {self.rate_hz:g} Hz (1 / ActionChunk.dt)")
             self._log_rt()
@@ -274,7 +333,8 @@ class ExecutorNode(Node):
         loop = self.loop
         with self._lock:
             sp = self._last
-            values = {"state": sp.state if sp else "no_tick", "command_rate_hz": f"{self.rate_hz:g}",
+            values = {"state": sp.state if sp else "no_tick", "lifecycle": "active" if self._active else "inactive",
+                      "command_rate_hz": f"{self.rate_hz:g}",
                       "output": self.params.output, "switch": self.params.switch,
                       "interpolation": self.params.interpolation, "limits.robot": self._robot or "none",
                       "joint_states.joints": len(self._joints),

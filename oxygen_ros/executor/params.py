@@ -137,6 +137,12 @@ class ExecutorParams:
         ros_name='limits.robot_description')
     limits_required: bool = param(False,
         'Command nothing while a joint has no limit at all (real robots: true).', ros_name='limits.required')
+    autostart: bool = param(True,
+        'Configure and activate at startup (as the node does); false: wait for lifecycle transitions (a '
+        'lifecycle manager, ros2 lifecycle set).')
+    deactivate_hold_s: float = param(0.1,
+        'On deactivate: the setpoint is held (published unchanged) this long, then publishing stops.',
+        minimum=0.0)
     loop: str = param('thread',
         'thread (a command loop of its own: absolute monotonic deadlines, rt.* settings) | timer (an rclpy timer '
         'on the multi-threaded executor: the former loop, kept for the timing benchmark).', choices=LOOPS)

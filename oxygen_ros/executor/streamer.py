@@ -4,6 +4,9 @@ node-clock times and measured joint positions and publishes what it returns.
 
 Per tick at node time ``now``:
 
+- **inactive** (:meth:`SetpointStreamer.suspend`, the lifecycle's deactivate): held exactly, as halted; chunks are
+  not used; :meth:`SetpointStreamer.resume` (activate) starts afresh from the measured position with the chunks
+  observed from then on.
 - **halted** (``halt``): the setpoint stays exactly where it was (a halt stops at once); the plan is dropped, and
   chunks observed before the release are never used. No jump back when released: the next chunk starts from the
   measured position.
@@ -48,7 +51,8 @@ class Setpoint:
     position: np.ndarray | None
     velocity: np.ndarray | None
     holding: bool
-    state: str  # following | exhausted | halted | stale | not_started | waiting_for_chunk | waiting_joint_states
+    # following | exhausted | halted | inactive | stale | not_started | waiting_for_chunk | waiting_joint_states
+    state: str
     chunk: Chunk | None = None
     step: int = -1
     plan_start_ns: int = 0
@@ -79,6 +83,7 @@ class SetpointStreamer:
         self.limiter: SetpointLimiter | None = None
         self._limits: dict = {}
         self.halted = False
+        self.suspended = False
         self._last: tuple[int, np.ndarray, np.ndarray] | None = None  # (time, setpoint, velocity) commanded
         self._prev_tick: tuple[int, bool] | None = None  # the previous tick: (time, whether it commanded a setpoint)
         self._curve: Curve | None = None
@@ -108,9 +113,10 @@ class SetpointStreamer:
         if names and len(names) != np.asarray(chunk.actions).shape[-1]:
             self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
             return "malformed"
-        if self.halted:
-            self.rejected["halted"] = self.rejected.get("halted", 0) + 1
-            return "halted"
+        if self.halted or self.suspended:
+            why = "halted" if self.halted else "inactive"
+            self.rejected[why] = self.rejected.get(why, 0) + 1
+            return why
         why = self.timeline.offer(chunk if chunk.names else _named(chunk, names), now_ns)
         if why is None:
             self._last_arrival_ns = now_ns
@@ -134,6 +140,19 @@ class SetpointStreamer:
             self._restart = True
         return True
 
+    def suspend(self) -> None:
+        """Inactive (lifecycle deactivate): hold the last setpoint exactly; no chunk is used."""
+        self.suspended = True
+        self.timeline.clear()
+
+    def resume(self, now_ns: int) -> None:
+        """Active again at ``now_ns``: the next setpoint starts from the measured position, with chunks observed
+        from now on."""
+        if self.suspended:
+            self.suspended = False
+            self.timeline.clear(released_ns=now_ns)
+        self._restart = True
+
     # ------------------------------------------------------------------------------------------ the tick
     def tick(self, now_ns: int, measured: np.ndarray | None = None) -> Setpoint:
         """The setpoint for node time ``now_ns``; ``measured``: each action joint's measured position (NaN =
@@ -141,8 +160,8 @@ class SetpointStreamer:
         plan = self.timeline.plan
         if plan is not None:
             self._reported = plan.chunk
-        if self.halted:
-            return self._hold(now_ns, "halted", exact=True)
+        if self.halted or self.suspended:
+            return self._hold(now_ns, "halted" if self.halted else "inactive", exact=True)
         if plan is None:
             return self._hold(now_ns, "not_started" if self._last is None else "waiting_for_chunk", exact=True)
         if self.stale_timeout_ns and self._last_arrival_ns is not None \
