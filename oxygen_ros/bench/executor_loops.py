@@ -82,6 +82,7 @@ class _Recorder:
             if status.name == EXECUTOR_DIAG:
                 with self.lock:
                     self.diag = {kv.key: kv.value for kv in status.values}
+                    self.diag["message"] = status.message
 
 
 def _cpu_s(pid: int) -> float:
@@ -149,7 +150,8 @@ def run_loop(spec: LoopSpec, config: Path, duration_s: float, warmup_s: float, d
         code = executor.stop(timeout=10)
         node_code = node.stop(timeout=10) if node is not None else None
     if len(ticks) < 3:
-        raise RuntimeError(f"{spec.name}: {len(ticks)} ticks in the window; executor:\n{executor.output()[-2000:]}")
+        raise RuntimeError(f"{spec.name}: {len(ticks)} ticks in the window ({len(rec.ticks)} in all); executor "
+                           f"diagnostics {after}; executor:\n{executor.output()[-3000:]}")
     stamps = np.array([t[0] for t in ticks], dtype=np.int64)
     wire = (np.array([t[1] for t in ticks], dtype=np.int64) - stamps) / 1e6
     b_under, a_under = _num(before, "underruns"), _num(after, "underruns")
@@ -160,7 +162,7 @@ def run_loop(spec: LoopSpec, config: Path, duration_s: float, warmup_s: float, d
             "underruns": None if a_under is None or b_under is None or spec.load == "idle" else int(a_under - b_under),
             "process_cpu_per_tick_ms": 1e3 * (cpu1 - cpu0) / len(ticks),
             "process_cpu_percent_of_core": 100.0 * (cpu1 - cpu0) / ((t1 - t0) / 1e9),
-            "loop": {k: after.get(k) for k in ("loop", "rt.policy", "rt.cpus", "loop.lateness_p50_ms",
+            "loop": {k: after.get(k) for k in ("message", "loop", "rt.policy", "rt.cpus", "loop.lateness_p50_ms",
                                                 "loop.lateness_p99_ms", "loop.lateness_max_ms", "loop.late_ticks",
                                                 "loop.skipped_deadlines", "loop.cpu_per_tick_ms",
                                                 "loop.cpu_percent_of_core", "rt.switch_interval_s", "rt.gc")}}
@@ -185,6 +187,7 @@ def loop_table(result: dict[str, Any]) -> str:
                     "(preset's model) + 2 cameras 640x480 rgb8 at 30 Hz + joint_states at 50 Hz from another "
                     f"process; {result['repeat']} repeat(s), {result['duration_s']:g} s each (medians).", ""]
     lines += [f"- {v}" for v in loop_verdicts(result["runs"])]
+    lines += [f"- {f['name']} (repeat {f['repeat'] + 1}) FAILED: {f['error'][:300]}" for f in result.get("failed", [])]
     return "\n".join(lines)
 
 

@@ -298,13 +298,17 @@ def main(argv: list[str] | None = None) -> None:
             ap.error(f"--loop-runs: unknown {sorted(unknown)}; choose from {sorted(names)}")
         plan = [(k, spec) for k in range(args.repeat) for spec in LOOP_RUNS
                 if args.loop_runs is None or spec.name in args.loop_runs]
-        loops = []
+        loops, failed = [], []
         for i, (k, spec) in enumerate(plan):
             print(f"[{i + 1}/{len(plan)}] {spec.name} ({args.duration:g} s)", flush=True)
-            loops.append({**run_loop(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
-                                     args.loop_cpus), "repeat": k})
-        result = {"runs": loops, "command": command.strip(), "host": host, "repeat": args.repeat,
-                  "duration_s": args.duration, "config": str(args.config),
+            try:
+                loops.append({**run_loop(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
+                                         args.loop_cpus), "repeat": k})
+            except RuntimeError as e:  # a run that measured nothing is reported, not dropped with the others
+                print(f"  {spec.name} failed: {str(e)[:2000]}", flush=True)
+                failed.append({"name": spec.name, "repeat": k, "error": str(e)[:4000]})
+        result = {"runs": loops, "failed": failed, "command": command.strip(), "host": host,
+                  "repeat": args.repeat, "duration_s": args.duration, "config": str(args.config),
                   "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
         write_run(args.out, result, loop_table(result), plot_loops, "loops.png")
         return
