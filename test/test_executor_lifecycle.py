@@ -44,7 +44,7 @@ def test_lifecycle_transitions_with_the_hold_on_deactivate() -> None:
         change = pr.node.create_client(ChangeState, "/oxygen_executor/change_state")
         get = pr.node.create_client(GetState, "/oxygen_executor/get_state")
         assert change.wait_for_service(timeout_sec=40) and get.wait_for_service(timeout_sec=10), proc.output()
-        assert pr.wait_for_executor(40), proc.output()
+        assert pr.wait_for_executor(40, active=False), proc.output()
         state = lambda: call(pr, get, GetState.Request()).current_state.label  # noqa: E731
         names, measured = ["a", "b"], [0.2, -0.1]
 
