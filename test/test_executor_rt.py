@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from oxygen_ros.executor.loop import CommandLoop
@@ -124,3 +125,27 @@ def test_switch_interval_is_set() -> None:
         assert sys.getswitchinterval() == pytest.approx(0.0007)
     finally:
         sys.setswitchinterval(before)
+
+
+def test_a_late_tick_skips_to_the_next_deadline_never_a_burst() -> None:
+    """A tick that overruns by several periods: the missed deadlines are counted as skipped, and the loop never
+    ticks more than once per deadline to catch up (a burst of ticks would be a burst of motion)."""
+    period = 20_000_000
+    times: list[int] = []
+
+    def tick(_stamp: int) -> None:
+        times.append(time.monotonic_ns())
+        if len(times) == 3:
+            time.sleep(0.095)  # 4.75 periods
+
+    loop = CommandLoop(period, tick)
+    loop.start()
+    t0 = time.monotonic_ns()
+    time.sleep(0.6)
+    assert loop.stop()
+    elapsed = time.monotonic_ns() - t0
+    assert loop.skipped >= 3, loop.stats()
+    assert len(times) <= elapsed // period + 1  # at most one tick per deadline
+    after = np.diff(times[2:6]) / 1e6  # the ticks right after the long one: spaced by the grid, not back to back
+    assert (after[1:] > 0.5 * period / 1e6).all(), after
+    assert loop.stats()["loop.skipped_deadlines"] == loop.skipped

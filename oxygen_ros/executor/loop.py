@@ -2,8 +2,9 @@
 command period, outside rclpy's executor.
 
 - **Real time**: it sleeps to absolute deadlines on the monotonic clock (deadline k = start + k * period: no
-  drift) and stamps each tick with the ROS time (the system clock) read on waking. A tick that wakes a period or
-  more late never causes a burst: the loop skips to the next deadline and counts the skipped ones. Each tick's
+  drift) and stamps each tick with the ROS time (the system clock) read on waking. A late tick never causes a
+  burst: it is served once, late, and the deadlines closer than half a period to it are skipped and counted, so
+  two ticks are never closer than half a period. Each tick's
   lateness (wake - deadline) goes to a preallocated ring; :meth:`CommandLoop.stats` gives p50 / p99 / max, the
   late ticks (lateness above ``late_fraction`` of the period), the skipped deadlines and the loop thread's own CPU
   time per tick (``time.thread_time`` in the loop).
@@ -131,13 +132,16 @@ class CommandLoop:
                 time.sleep(wait / 1e9)
             woke = time.monotonic_ns()
             late = woke - deadline
-            if late >= period:  # catch up by skipping, never by a burst of ticks
-                missed = late // period
-                self.skipped += missed
-                deadline += missed * period
             tick(time.time_ns())
             self._record(late, cpu0)
             deadline += period
+            # catch up by skipping, never by a burst: the deadlines closer than half a period to this tick are
+            # skipped (counted); the loop stays on its grid
+            soonest = woke + period // 2
+            if deadline < soonest:
+                missed = -((deadline - soonest) // period)  # ceil((soonest - deadline) / period)
+                self.skipped += missed
+                deadline += missed * period
 
     def _run_sim(self) -> None:
         period, stop, tick, clock, woken = self.period_ns, self._stop, self._tick, self._clock, self._woken
