@@ -328,7 +328,8 @@ class ExecutorNode(LifecycleNode):
     def _publish_diagnostics(self) -> None:
         if self.params.rt_gc_freeze:  # the collector's pass, here rather than in the command loop
             t0 = time.perf_counter()
-            gc.collect(1)
+            self._gc_passes = getattr(self, "_gc_passes", 0) + 1
+            gc.collect(2 if self._gc_passes % 60 == 0 else 1)  # the oldest generation once a minute
             self.rt.values["rt.gc_pass_ms"] = f"{(time.perf_counter() - t0) * 1e3:.2f}"
         loop = self.loop
         with self._lock:

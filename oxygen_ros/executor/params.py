@@ -156,8 +156,8 @@ class ExecutorParams:
         "The interpreter's switch interval (sys.setswitchinterval; Python's default 0.005): how soon the loop "
         'gets the GIL back from another thread; 0 = leave it.', minimum=0.0, ros_name='rt.switch_interval_s')
     rt_gc_freeze: bool = param(True,
-        'gc.freeze() after configure and automatic collection off: the 1 Hz diagnostics callback collects, '
-        'never the command loop.', ros_name='rt.gc_freeze')
+        'gc.freeze() after configure and automatic collection off: the 1 Hz diagnostics callback collects (all '
+        'generations once a minute), never the command loop.', ros_name='rt.gc_freeze')
     rt_mlockall: bool = param(False,
         'mlockall(MCL_CURRENT | MCL_FUTURE): no page faults in the loop (needs RLIMIT_MEMLOCK; refused: warned).',
         ros_name='rt.mlockall')
