@@ -50,7 +50,7 @@ from oxygen_ros.ros.safety import NewestPerPublisher
 
 from .aggregation import parse_aggregate
 from .loop import CommandLoop
-from .outputs import JointOrder, chunk_from_msg, executed_msg, output_msg
+from .outputs import JointOrder, OutputWriter, chunk_from_msg, executed_msg
 from .params import EXECUTOR_PARAMS, ExecutorParams, validate
 from .rt import RtReport, apply_process
 from .streamer import Setpoint, SetpointStreamer
@@ -99,6 +99,7 @@ class ExecutorNode(LifecycleNode):
         self._joints: dict[str, tuple[float, int]] = {}  # name -> (position, arrival ns, node clock)
         self._action_names: tuple[str, ...] = ()  # the chunks' own names (ExecutedPlan)
         self._order: JointOrder | None = None
+        self._writer: OutputWriter | None = None
         self._order_error = ""
         self._last: Setpoint | None = None
         self.counts = {"output_withheld.limits_missing": 0, "output_withheld.output_joints": 0,
@@ -317,8 +318,10 @@ class ExecutorNode(LifecycleNode):
                 publish = False
             if sp.position is not None and self._order is None and self._order_error:
                 self.counts["output_withheld.output_joints"] += 1
-            out = output_msg(self.params.output, sp, self._order, 1.0 / self.rate_hz,
-                             self.params.interpolation != "hold") if publish else None
+            if publish and (self._writer is None or self._writer.order is not self._order):
+                self._writer = OutputWriter(self.params.output, self._order, 1.0 / self.rate_hz,
+                                            self.params.interpolation != "hold")  # once: the message is reused
+            out = self._writer(sp) if publish else None
             executed = executed_msg(sp, self._action_names)
         if out is not None:
             self._out_pub.publish(out)
