@@ -22,7 +22,12 @@ dds_profile (the Fast DDS profile for the started processes), respawn and respaw
 executor after their process died; the respawned node comes back active on its own), with_executor (also start the
 chunk executor, ``oxygen_executor``, in its own process, wired to the node's chunks and halt) and
 executor_config_file (its parameters; the node's config_file is given to it first, so it shares action_rate_hz and
-the limits.* parameters).
+the limits.* parameters). The executor is a lifecycle node too: with autostart it configures and activates itself,
+as the node does.
+
+CPU layout (docs/executor.md, "CPU layout"): node_cpus pins the node's process (``taskset -c``) and sets its
+torch_threads to that many CPUs; executor_cpus and executor_rt_priority give the executor's command loop thread its
+CPUs (rt.cpus) and SCHED_FIFO priority (rt.priority), so inference and the command loop never share a core.
 
 Every name is relative, so the file can be included under ``PushRosNamespace``: the node, and with ``with_sim`` the
 simulator, live in the including namespace (plus ``namespace``), and the simulator is wired to the node's relative
@@ -42,6 +47,7 @@ from launch.substitutions import LaunchConfiguration, PathJoinSubstitution
 from launch_ros.actions import LifecycleNode, Node
 from launch_ros.substitutions import FindPackageShare
 
+from oxygen_ros.executor.rt import parse_cpus
 from oxygen_ros.ros.dds import PROFILE_FILE_NAME, dds_profile_environment
 from oxygen_ros.world import CAMERAS as SIM_CAMERAS  # the tabletop simulator's cameras
 
@@ -70,6 +76,11 @@ ARGUMENTS: list[tuple[str, Any, str]] = [
     ("respawn", "false", "restart the node (and the executor) when its process dies (a crash, an OOM kill): the "
      "respawned node configures and activates itself (autostart) with the same parameters (docs/tasks.md)"),
     ("respawn_delay", "2.0", "seconds between a process's death and its restart (respawn:=true)"),
+    ("node_cpus", "", "CPUs of the node's process, e.g. '4-13' (taskset -c; torch_threads set to their "
+     "number); '' = any"),
+    ("executor_cpus", "", "CPUs of the executor's command loop thread (rt.cpus), e.g. '1'; '' = the config file's"),
+    ("executor_rt_priority", "", "SCHED_FIFO priority of the executor's command loop thread (rt.priority), e.g. "
+     "'80'; '' = the config file's"),
     ("dds_profile", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", PROFILE_FILE_NAME]),
      "Fast DDS profile for the started processes (sized for raw camera images); '' = none; a profile that the "
      "environment already names (FASTDDS_DEFAULT_PROFILES_FILE) is kept"),
@@ -143,14 +154,47 @@ def tabletop_sim(node_name: str = "oxygen", namespace: str = "", publish_clock: 
 
 
 def chunk_executor(node_name: str = "oxygen", namespace: str = "", config_file: str | None = None,
-                   executor_config_file: str | None = None, use_sim_time: bool = False, **kwargs: Any) -> Node:
-    """The chunk executor in the oxygen node's namespace, wired to its ``~/action_chunk`` and ``~/halt`` by relative
-    names. Parameters: the node's preset first (action_rate_hz, action_names, limits.*), then the executor's file."""
+                   executor_config_file: str | None = None, use_sim_time: bool = False,
+                   extra_parameters: dict[str, Any] | None = None, **kwargs: Any) -> LifecycleNode:
+    """The chunk executor (a lifecycle node; autostart activates it) in the oxygen node's namespace, wired to its
+    ``~/action_chunk`` and ``~/halt`` by relative names. Parameters: the node's preset first (action_rate_hz,
+    action_names, limits.*), then the executor's file, then ``extra_parameters`` (e.g. rt.cpus, rt.priority)."""
     kwargs.setdefault("output", "screen")
     files = [f for f in (config_file, executor_config_file) if f]
-    return Node(package=PACKAGE, executable="oxygen_executor", name="oxygen_executor", namespace=namespace,
-                parameters=[*files, {"chunk_topic": f"{node_name}/action_chunk", "halt_topic": f"{node_name}/halt",
-                                     "use_sim_time": use_sim_time}], **kwargs)
+    return LifecycleNode(package=PACKAGE, executable="oxygen_executor", name="oxygen_executor", namespace=namespace,
+                         parameters=[*files, {"chunk_topic": f"{node_name}/action_chunk",
+                                              "halt_topic": f"{node_name}/halt", "use_sim_time": use_sim_time,
+                                              **(extra_parameters or {})}], **kwargs)
+
+
+def cpu_layout(node_cpus: str, executor_cpus: str, executor_rt_priority: str) -> tuple[dict[str, Any],
+                                                                                       dict[str, Any],
+                                                                                       dict[str, Any]]:
+    """(the node action's extra kwargs, the node's extra parameters, the executor's extra parameters) for the
+    launch arguments node_cpus, executor_cpus, executor_rt_priority ('' = not set).
+
+    Raises:
+        ValueError: a CPU list that does not parse, a priority that is not 1-99, or the same CPU for both.
+    """
+    node_kwargs: dict[str, Any] = {}
+    node_params: dict[str, Any] = {}
+    executor_params: dict[str, Any] = {}
+    node_set = parse_cpus(node_cpus) if node_cpus else set()
+    loop_set = parse_cpus(executor_cpus) if executor_cpus else set()
+    if node_set & loop_set:
+        raise ValueError(f"node_cpus {node_cpus!r} and executor_cpus {executor_cpus!r} share CPUs "
+                         f"{sorted(node_set & loop_set)}: inference would preempt the command loop")
+    if node_set:
+        node_kwargs["prefix"] = f"taskset -c {node_cpus}"
+        node_params["torch_threads"] = len(node_set)
+    if loop_set:
+        executor_params["rt.cpus"] = executor_cpus
+    if executor_rt_priority:
+        prio = int(executor_rt_priority)
+        if not 1 <= prio <= 99:
+            raise ValueError(f"executor_rt_priority must be 1-99, got {prio}")
+        executor_params["rt.priority"] = prio
+    return node_kwargs, node_params, executor_params
 
 
 def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[GroupAction]:
@@ -167,9 +211,12 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
             actions.append(LogInfo(msg="oxygen.launch.py: with_sim + use_sim_time: the simulator publishes its "
                                        "simulated time on /clock and the node follows it"))
         actions.append(tabletop_sim(value("node_name"), value("namespace"), publish_clock=use_sim_time))
+    node_kwargs, node_params, executor_params = cpu_layout(value("node_cpus"), value("executor_cpus"),
+                                                           value("executor_rt_priority"))
     if _as_bool(value("with_executor")):
         actions.append(chunk_executor(value("node_name"), value("namespace"), value("config_file") or None,
-                                      value("executor_config_file") or None, use_sim_time, **respawn))
+                                      value("executor_config_file") or None, use_sim_time, executor_params,
+                                      **respawn))
     actions.append(oxygen_node(
         config_file=value("config_file") or None,
         checkpoint_path=value("checkpoint_path"),
@@ -179,7 +226,8 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
         autostart=_as_bool(value("autostart")),
         trajectory_topic=value("trajectory_topic"),
         log_level=value("log_level"),
-        extra_parameters=sim_wiring() if with_sim else None,
+        extra_parameters={**(sim_wiring() if with_sim else {}), **node_params},
+        **node_kwargs,
         **respawn,
     ))
     return [GroupAction(actions, scoped=True, forwarding=True)]  # the environment set here stays in the group

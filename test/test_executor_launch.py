@@ -60,6 +60,24 @@ def test_with_executor_adds_the_executor_wired_to_the_node() -> None:
     assert wiring["chunk_topic"].startswith("policy/action_chunk") and wiring["halt_topic"].startswith("policy/halt")
 
 
+def test_cpu_layout_keeps_the_node_off_the_command_loops_cpu() -> None:
+    actions = setup_actions(with_executor="true", config_file="/x/preset.yaml", node_cpus="2-5", executor_cpus="1",
+                            executor_rt_priority="80")
+    (executor,) = executors(actions)
+    (node,) = [a for a in actions if getattr(a, "node_executable", None) == "oxygen_node"]
+    extra = executor._Node__parameters[-1]
+    flat = {"".join(s.text for s in k): v for k, v in extra.items()}
+    assert yaml.safe_load("".join(s.text for s in flat["rt.cpus"])) == "1" and flat["rt.priority"] == 80  # a string
+    assert "".join(s.text for s in node.process_description.prefix) == "taskset -c 2-5"  # the node on its CPUs
+    node_extra = {"".join(s.text for s in k): v for k, v in node._Node__parameters[-1].items()}
+    assert node_extra["torch_threads"] == 4  # one torch thread per CPU of the node
+    assert not executors(setup_actions(config_file="/x/preset.yaml", node_cpus="2-5"))  # no executor asked for
+    with pytest.raises(ValueError, match="share CPUs"):
+        setup_actions(with_executor="true", node_cpus="0-3", executor_cpus="3")
+    with pytest.raises(ValueError, match="1-99"):
+        setup_actions(with_executor="true", executor_rt_priority="120")
+
+
 def test_the_shipped_executor_config_is_valid() -> None:
     values = yaml.safe_load((REPO / "config" / "executor.yaml").read_text())["/**"]["ros__parameters"]
     p = validate(values)

@@ -83,3 +83,30 @@ def test_a_short_real_run_writes_its_report(tmp_path) -> None:
     assert int(run["node_rtc_remainders"]["rtc_remainders_executor"]) > 0, run
     assert (tmp_path / "setpoints.png").stat().st_size > 10_000 and "100hz_aggregate_executor" in \
         (tmp_path / "summary.md").read_text()
+
+
+def _loop_run(variant: str, rate: float, load: str, p99_ms: float) -> dict:
+    loop, prio = ("timer", 0) if variant == "timer" else ("thread", 50 if variant == "thread_rt" else 0)
+    return {"name": f"{variant}_{rate:g}hz_{load}", "loop": {"rt.policy": "SCHED_FIFO 50" if prio else "x",
+                                                             "loop.cpu_per_tick_ms": "0.4"},
+            "rate_hz": rate, "load": load, "priority": prio, "underruns": None if load == "idle" else 2,
+            "period": {"error_ms": {"p50": 0.01, "p99": p99_ms, "max": 9.0},
+                       "error_pct": {"p99": 100 * p99_ms * rate / 1e3}, "late_ticks": 1},
+            "wire_ms": {"p50": 1.0, "p99": 5.0, "max": 9.0}, "process_cpu_per_tick_ms": 0.5, "loop_kind": loop}
+
+
+def test_loop_comparison_reports_ratios_and_targets(tmp_path) -> None:
+    from oxygen_ros.bench.executor_loops import loop_table, loop_verdicts, plot_loops
+
+    runs = [_loop_run("timer", 100.0, "idle", 5.0), _loop_run("thread", 100.0, "idle", 4.0),
+            _loop_run("thread_rt", 100.0, "idle", 0.5), _loop_run("thread_rt", 100.0, "soak", 2.5)]
+    v = loop_verdicts(runs)
+    assert "idle 100 Hz: p99 period error timer 5.000 ms vs thread 4.000 ms: 1.2x better (target >= 5x: NOT met)" in v
+    assert any("vs thread_rt 0.500 ms: 10.0x better (target >= 5x: met)" in x for x in v)
+    assert any("thread_rt 100 Hz soak: p99 2.500 ms = 25.0% of the period (target <= 20%: NOT met)" in x for x in v)
+    result = {"runs": runs, "failed": [{"name": "timer_500hz_soak", "repeat": 0, "error": "no tick"}],
+              "host": "h", "date": "d", "command": "c", "repeat": 1, "duration_s": 10.0}
+    text = loop_table(result)
+    assert "| thread_rt_100hz_soak | SCHED_FIFO 50 | 0.010 / 2.500 / 9.0 | 25.0% |" in text
+    assert "timer_500hz_soak (repeat 1) FAILED: no tick" in text
+    assert plot_loops(result, tmp_path / "l.png").stat().st_size > 1000

@@ -12,6 +12,9 @@ Runs (interleaved as listed, each a fresh set of processes; ``--runs`` picks som
   (``weighted_average``, LeRobot's 0.3 old + 0.7 new), where the executed plan differs from the last chunk;
 - ``500hz_replace_executor``: 500 Hz.
 
+``--compare-loops`` runs the command loops side by side instead (:mod:`.executor_loops`: rclpy timer, loop thread,
+loop thread at rt.priority; 100 / 500 Hz; idle / soak) and writes ``loops.png``.
+
 Reported per run (:mod:`.executor_timing_stats`): the command period's error ``|period - 1/rate|`` (p50 / p99 /
 max) from the ticks' stamps, late ticks, the setpoint jump at chunk switches (max over joints of ``|delta| / dt``,
 mean and max) against the same within a chunk, the executor's underruns, and the node's chunk coverage. Writes
@@ -276,8 +279,39 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--camera-size", default="640x480", help="the load's camera images (default 640x480)")
     ap.add_argument("--executor-fifo", type=int, default=0, metavar="PRIORITY",
                     help="run the executor under chrt -f PRIORITY (SCHED_FIFO, as a controller loop); 0: normal")
+    ap.add_argument("--compare-loops", action="store_true",
+                    help="the command loops side by side (timer | thread | thread at rt.priority 50; 100 / 500 Hz; "
+                         "idle / soak), see oxygen_ros/bench/executor_loops.py")
+    ap.add_argument("--loop-runs", nargs="*", default=None,
+                    help="--compare-loops: only these configurations (e.g. timer_100hz_idle thread_rt_100hz_soak)")
+    ap.add_argument("--loop-cpus", default="", help="--compare-loops: rt.cpus of the thread loops ('' = any)")
     ap.add_argument("--out", type=Path, default=Path("runs/executor_timing"))
     args = ap.parse_args(argv)
+    command = "python -m oxygen_ros.bench.executor_timing " + " ".join(argv if argv is not None else sys.argv[1:])
+    host = f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared)"
+    if args.compare_loops:
+        from .executor_loops import LOOP_RUNS, loop_table, plot_loops, run_loop
+
+        names = {spec.name for spec in LOOP_RUNS}
+        unknown = set(args.loop_runs or ()) - names
+        if unknown:
+            ap.error(f"--loop-runs: unknown {sorted(unknown)}; choose from {sorted(names)}")
+        plan = [(k, spec) for k in range(args.repeat) for spec in LOOP_RUNS
+                if args.loop_runs is None or spec.name in args.loop_runs]
+        loops, failed = [], []
+        for i, (k, spec) in enumerate(plan):
+            print(f"[{i + 1}/{len(plan)}] {spec.name} ({args.duration:g} s)", flush=True)
+            try:
+                loops.append({**run_loop(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
+                                         args.loop_cpus), "repeat": k})
+            except RuntimeError as e:  # a run that measured nothing is reported, not dropped with the others
+                print(f"  {spec.name} failed: {str(e)[:2000]}", flush=True)
+                failed.append({"name": spec.name, "repeat": k, "error": str(e)[:4000]})
+        result = {"runs": loops, "failed": failed, "command": command.strip(), "host": host,
+                  "repeat": args.repeat, "duration_s": args.duration, "config": str(args.config),
+                  "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+        write_run(args.out, result, loop_table(result), plot_loops, "loops.png")
+        return
     runs = []
     plan = [(k, spec) for k in range(args.repeat) for spec in RUNS if spec.name in args.runs]
     for i, (k, spec) in enumerate(plan):
@@ -285,9 +319,7 @@ def main(argv: list[str] | None = None) -> None:
         run = run_one(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
                       camera_size=args.camera_size, executor_fifo=args.executor_fifo)
         runs.append({**run, "repeat": k})
-    command = "python -m oxygen_ros.bench.executor_timing " + " ".join(argv if argv is not None else sys.argv[1:])
-    result = {"runs": runs, "verdicts": verdicts(runs), "command": command.strip(),
-              "host": f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared)",
+    result = {"runs": runs, "verdicts": verdicts(runs), "command": command.strip(), "host": host,
               "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "config": str(args.config),
               "executor_fifo": args.executor_fifo, "camera_size": args.camera_size, "repeat": args.repeat}
     write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")

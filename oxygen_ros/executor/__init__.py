@@ -3,6 +3,8 @@ was executed back to real-time chunking (``~/executed``). Its own process (``oxy
 
 Pure parts (no ROS): :mod:`.timeline` (timing rule, replace / aggregate switching), :mod:`.aggregation` (LeRobot's
 and ACT's merge rules), :mod:`.interpolation` (hold, linear, cubic), :mod:`.setpoint_limits` (position, velocity,
-acceleration at the streaming rate), :mod:`.streamer` (the tick: hold, halt, stale, underruns). ROS parts:
-:mod:`.params`, :mod:`.outputs`, :mod:`.node`, :mod:`.main`. See docs/executor.md.
+acceleration at the streaming rate, at any tick spacing), :mod:`.streamer` (the tick: hold, halt, stale,
+underruns), :mod:`.loop` (the command loop thread: absolute deadlines, or /clock), :mod:`.rt` (SCHED_FIFO, affinity,
+switch interval, mlockall for that thread). ROS parts: :mod:`.params`, :mod:`.outputs`, :mod:`.node` (a lifecycle
+node), :mod:`.main`. See docs/executor.md.
 """

@@ -1,5 +1,6 @@
-"""The executor's process: ROS init, a multi-threaded executor (the command timer never waits for an input
-callback), signal handling and an orderly shutdown.
+"""The executor's process: ROS init, a single-threaded executor for the inputs, diagnostics and lifecycle (the
+command loop is a thread of its own, :mod:`.loop`; ``loop: timer`` keeps the former multi-threaded executor),
+signal handling and an orderly shutdown: the loop stops first, then the executor, then the node.
 
     python -m oxygen_ros.executor --ros-args -p command_rate_hz:=100.0     (or oxygen-executor, ros2 run)
 """
@@ -12,7 +13,7 @@ import threading
 import traceback
 
 import rclpy
-from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor
+from rclpy.executors import ExternalShutdownException, MultiThreadedExecutor, SingleThreadedExecutor
 from rclpy.signals import SignalHandlerOptions
 
 from .node import ExecutorNode
@@ -42,7 +43,9 @@ def main(args: list[str] | None = None) -> int:
         print(f"oxygen_executor: {e}", file=sys.stderr)
         rclpy.try_shutdown()
         return 2
-    executor = MultiThreadedExecutor(num_threads=3)
+    # loop: thread: one thread for the inputs, the diagnostics and the lifecycle (the setpoints have their own);
+    # loop: timer: the former multi-threaded executor, the command timer in its own callback group
+    executor = SingleThreadedExecutor() if node.params.loop == "thread" else MultiThreadedExecutor(num_threads=3)
     executor.add_node(node)
     failure: list[BaseException] = []
 
@@ -60,6 +63,7 @@ def main(args: list[str] | None = None) -> int:
     spinner.start()
     while not stop.wait(0.2):
         pass
+    node.stop_loop()  # no setpoint after this; then no callback runs while the node's handles go
     executor.shutdown(timeout_sec=5.0)
     spinner.join(timeout=5.0)
     node.destroy_node()

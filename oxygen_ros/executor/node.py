@@ -15,13 +15,21 @@ Topics (node name ``oxygen_executor``; relative names follow the namespace):
   out  ~/executed                          oxygen_ros/ExecutedPlan, every command period
   out  /diagnostics                        diagnostic_msgs/DiagnosticArray, 1 Hz (status ``<node>: executor``)
 
-The command timer runs on the node clock (``use_sim_time`` follows /clock) in its own callback group on a
-multi-threaded executor; inputs only hand data to the streamer under a lock (:mod:`.streamer`).
+A lifecycle node, as ros2_control's controllers: configure (parameters, limits, the process's real-time settings),
+activate (the command loop starts, the first setpoint from the measured position), deactivate (the setpoint held
+for ``deactivate_hold_s``, then publishing stops); ``autostart`` (default) does configure and activate at startup.
+
+Setpoints come from a command loop of its own (:mod:`.loop`, ``loop: thread``): a thread that sleeps to absolute
+monotonic deadlines (``use_sim_time``: it follows /clock), with the ``rt.*`` settings applied to that thread only
+(:mod:`.rt`). Inputs arrive on the rclpy executor and only hand data to the streamer under a short lock
+(:mod:`.streamer`). ``loop: timer`` keeps the former rclpy timer (for the timing benchmark's comparison).
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -30,7 +38,7 @@ from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
-from rclpy.node import Node
+from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
@@ -41,8 +49,10 @@ from oxygen_ros.ros.limits import JointLimit, UrdfError, joint_limit_names, merg
 from oxygen_ros.ros.safety import NewestPerPublisher
 
 from .aggregation import parse_aggregate
-from .outputs import JointOrder, chunk_from_msg, executed_msg, output_msg
+from .loop import CommandLoop
+from .outputs import JointOrder, OutputWriter, chunk_from_msg, executed_msg
 from .params import EXECUTOR_PARAMS, ExecutorParams, validate
+from .rt import RtReport, apply_process
 from .streamer import Setpoint, SetpointStreamer
 from .timeline import Timeline
 
@@ -52,9 +62,10 @@ NODE_NAME = "oxygen_executor"
 EXECUTED_TOPIC = "~/executed"
 _OUTPUT_TYPES = {"float64_array": Float64MultiArray, "joint_state": JointState, "trajectory": JointTrajectory}
 _WARN_STATES = ("stale", "halted", "exhausted", "waiting_joint_states")
+SUCCESS = TransitionCallbackReturn.SUCCESS
 
 
-class ExecutorNode(Node):
+class ExecutorNode(LifecycleNode):
     """See the module docstring. Parameters are checked at construction.
 
     Raises:
@@ -88,6 +99,7 @@ class ExecutorNode(Node):
         self._joints: dict[str, tuple[float, int]] = {}  # name -> (position, arrival ns, node clock)
         self._action_names: tuple[str, ...] = ()  # the chunks' own names (ExecutedPlan)
         self._order: JointOrder | None = None
+        self._writer: OutputWriter | None = None
         self._order_error = ""
         self._last: Setpoint | None = None
         self.counts = {"output_withheld.limits_missing": 0, "output_withheld.output_joints": 0,
@@ -114,27 +126,122 @@ class ExecutorNode(Node):
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
         self._tick_group = tick_group
         self._timer = None
+        self.loop: CommandLoop | None = None
         self.rate_hz = 0.0
-        if rate:
-            self._start_timer(rate)
-        self.create_timer(1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup(),
-                          clock=Clock(clock_type=ClockType.STEADY_TIME))
+        self._sim_time = bool(self.get_parameter("use_sim_time").value)
+        self.rt = RtReport()
+        self._gc_frozen = 0
+        self._active = False
+        self._rate = rate
+        steady = Clock(clock_type=ClockType.STEADY_TIME)
+        self.create_timer(1.0, self._publish_diagnostics, MutuallyExclusiveCallbackGroup(), clock=steady)
+        self._autostart_timer = self.create_timer(0.01, self._autostart, clock=steady) if p.autostart else None
+
+    # ------------------------------------------------------------------------------------------ lifecycle
+    @property
+    def active(self) -> bool:
+        return self._active
+
+    def _autostart(self) -> None:
+        if self._autostart_timer is not None:
+            self.destroy_timer(self._autostart_timer)
+            self._autostart_timer = None
+        if self.trigger_configure() != SUCCESS or self.trigger_activate() != SUCCESS:
+            self.get_logger().error("autostart: configure / activate failed")
+
+    def on_configure(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Parameters (checked at construction), limits, the process's real-time settings."""
+        p, rate = self.params, self._rate
+        self.rt = apply_process(p.rt_switch_interval_s, p.rt_mlockall)
         self.get_logger().info(
             f"executor: {p.chunk_topic} -> {p.output} on {self.resolve_topic_name(p.output_topic)}, switch "
             f"{p.switch}{f' ({p.aggregate})' if p.switch == 'aggregate' else ''}, interpolation {p.interpolation}, "
-            + (f"{rate:g} Hz" if rate else "rate from the first chunk (1 / ActionChunk.dt)"))
+            + (f"{rate:g} Hz" if rate else "rate from the first chunk (1 / ActionChunk.dt)")
+            + f", loop {p.loop}{' on /clock' if self._sim_time else ''}")
+        if p.rt_gc_freeze:  # what configure made lives on outside the collector; collections run at 1 Hz, off the loop
+            gc.collect()
+            gc.freeze()
+            gc.disable()
+            self._gc_frozen = gc.get_freeze_count()
+            self.rt.values["rt.gc"] = f"frozen {self._gc_frozen} objects, collected at 1 Hz off the loop"
+        else:
+            self.rt.values["rt.gc"] = "automatic"
+        return SUCCESS
+
+    def on_activate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Start the command loop; the first setpoint starts from the measured position."""
+        with self._lock:
+            self.streamer.resume(self._now_ns())
+        self._active = True
+        if self.rate_hz or self._rate:
+            self._start_loop(self.rate_hz or self._rate)
+        self._log_rt()
+        return SUCCESS
+
+    def on_deactivate(self, state: LifecycleState) -> TransitionCallbackReturn:
+        """Hold the setpoint (published unchanged for ``deactivate_hold_s``), then stop publishing."""
+        with self._lock:
+            self.streamer.suspend()
+        self._active = False
+        time.sleep(self.params.deactivate_hold_s)  # the loop keeps publishing the held setpoint meanwhile
+        self.stop_loop()
+        self.get_logger().info("deactivated: setpoint held, publishing stopped")
+        return SUCCESS
+
+    def on_cleanup(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.stop_loop()
+        return SUCCESS
+
+    def on_shutdown(self, state: LifecycleState) -> TransitionCallbackReturn:
+        self.stop_loop()
+        return SUCCESS
 
     def _now_ns(self) -> int:
         return self.get_clock().now().nanoseconds
 
-    def _start_timer(self, rate_hz: float) -> None:
+    def _start_loop(self, rate_hz: float) -> None:
         self.rate_hz = float(rate_hz)
-        self.streamer.period_ns = round(1e9 / rate_hz)
-        self._timer = self.create_timer(1.0 / rate_hz, self._tick, self._tick_group)  # node clock
+        period_ns = round(1e9 / rate_hz)
+        self.streamer.period_ns = period_ns
+        p = self.params
+        if p.loop == "timer":
+            if self._timer is not None:
+                return
+            self._timer = self.create_timer(1.0 / rate_hz, self._tick, self._tick_group)  # node clock
+            self.rt.values["rt.policy"] = "rclpy timer (rt.priority / rt.cpus not applied)"
+            return
+        if self.loop is not None and self.loop.alive:
+            return
+        self.loop = CommandLoop(period_ns, self._tick_at, self.get_clock() if self._sim_time else None,
+                                p.rt_priority, p.rt_cpus)
+        self.loop.start()
+        self.rt = RtReport({**self.rt.values, **self.loop.rt.values}, self.rt.warnings + self.loop.rt.warnings)
+
+    def _log_rt(self) -> None:
+        log = self.get_logger()
+        log.info("real-time: " + ", ".join(f"{k[3:]} {v}" for k, v in self.rt.values.items()))
+        for w in self.rt.warnings:
+            log.warning(w)
+
+    def stop_loop(self, timeout: float = 5.0) -> bool:
+        """Stop the command loop (before the node is destroyed); True when it has ended."""
+        if getattr(self, "_timer", None) is not None:  # (also on a node whose construction failed)
+            self.destroy_timer(self._timer)
+            self._timer = None
+        loop = getattr(self, "loop", None)
+        return loop.stop(timeout) if loop is not None else True  # a stopped loop is not started again: a new one
+
+    def destroy_node(self) -> None:
+        self.stop_loop()
+        super().destroy_node()
 
     # ------------------------------------------------------------------------------------------ inputs
     def _on_chunk(self, msg: ActionChunk) -> None:
         now = self._now_ns()
+        if not self._active:
+            with self._lock:
+                self.streamer.rejected["inactive"] = self.streamer.rejected.get("inactive", 0) + 1
+            return
         try:
             chunk = chunk_from_msg(msg, self._renames, self.params.action_names)
         except ValueError as e:
@@ -151,9 +258,10 @@ class ExecutorNode(Node):
                 except ValueError as e:
                     self._order_error = str(e)
                     self.get_logger().error(f"no setpoint can be published: {e}")
-        if why is None and self._timer is None:  # the command rate follows the chunks' dt
-            self._start_timer(1e9 / chunk.dt_ns)
+        if why is None and not self.rate_hz:  # the command rate follows the chunks' dt
+            self._start_loop(1e9 / chunk.dt_ns)
             self.get_logger().info(f"command rate {self.rate_hz:g} Hz (1 / ActionChunk.dt)")
+            self._log_rt()
 
     def _on_joints(self, msg: JointState) -> None:
         now = self._now_ns()
@@ -196,7 +304,11 @@ class ExecutorNode(Node):
 
     # ------------------------------------------------------------------------------------------ the tick
     def _tick(self) -> None:
-        now = self._now_ns()
+        """The rclpy timer's tick (``loop: timer``)."""
+        self._tick_at(self._now_ns())
+
+    def _tick_at(self, now: int) -> None:
+        """One setpoint at node time ``now`` (the command loop's thread, or the timer's). No logging here."""
         with self._lock:
             sp = self.streamer.tick(now, self._measured(now))
             self._last = sp
@@ -206,8 +318,10 @@ class ExecutorNode(Node):
                 publish = False
             if sp.position is not None and self._order is None and self._order_error:
                 self.counts["output_withheld.output_joints"] += 1
-            out = output_msg(self.params.output, sp, self._order, 1.0 / self.rate_hz,
-                             self.params.interpolation != "hold") if publish else None
+            if publish and (self._writer is None or self._writer.order is not self._order):
+                self._writer = OutputWriter(self.params.output, self._order, 1.0 / self.rate_hz,
+                                            self.params.interpolation != "hold")  # once: the message is reused
+            out = self._writer(sp) if publish else None
             executed = executed_msg(sp, self._action_names)
         if out is not None:
             self._out_pub.publish(out)
@@ -215,17 +329,28 @@ class ExecutorNode(Node):
 
     # ------------------------------------------------------------------------------------------ diagnostics
     def _publish_diagnostics(self) -> None:
+        if self.params.rt_gc_freeze:  # the collector's pass, here rather than in the command loop
+            t0 = time.perf_counter()
+            self._gc_passes = getattr(self, "_gc_passes", 0) + 1
+            gc.collect(2 if self._gc_passes % 60 == 0 else 1)  # the oldest generation once a minute
+            self.rt.values["rt.gc_pass_ms"] = f"{(time.perf_counter() - t0) * 1e3:.2f}"
+        loop = self.loop
         with self._lock:
             sp = self._last
-            values = {"state": sp.state if sp else "no_tick", "command_rate_hz": f"{self.rate_hz:g}",
+            values = {"state": sp.state if sp else "no_tick", "lifecycle": "active" if self._active else "inactive",
+                      "command_rate_hz": f"{self.rate_hz:g}",
                       "output": self.params.output, "switch": self.params.switch,
                       "interpolation": self.params.interpolation, "limits.robot": self._robot or "none",
                       "joint_states.joints": len(self._joints),
+                      "loop": self.params.loop, **self.rt.values, **(loop.stats() if loop else {}),
                       **self.streamer.diagnostics(), **self.counts}
+        failure = loop.failure if loop is not None else None
         status = DiagnosticStatus(name=f"{self.get_name()}: executor", hardware_id=self.get_fully_qualified_name())
         state = values["state"]
         status.level = DiagnosticStatus.WARN if state in _WARN_STATES or self._order_error else DiagnosticStatus.OK
-        status.message = self._order_error or {
+        if failure is not None:
+            status.level = DiagnosticStatus.ERROR
+        status.message = (f"command loop failed: {failure!r}" if failure is not None else "") or self._order_error or {
             "stale": f"stale: no chunk for stale_timeout_s={self.params.stale_timeout_s:g} s "
                      f"({'holding' if self.params.on_stale == 'hold' else 'stopped'})",
             "halted": "halted: holding the setpoint", "exhausted": "underrun: the chunk ran out, holding",

@@ -18,7 +18,7 @@ from oxygen_ros.ros.stamps import duration_msg, stamp_to_ns, time_msg
 from .streamer import Setpoint
 from .timeline import Chunk
 
-__all__ = ["JointOrder", "chunk_from_msg", "executed_msg", "output_msg"]
+__all__ = ["JointOrder", "OutputWriter", "chunk_from_msg", "executed_msg", "output_msg"]
 
 
 class JointOrder:
@@ -80,6 +80,35 @@ def output_msg(kind: str, sp: Setpoint, order: JointOrder, period_s: float, with
         point.velocities = order(sp.velocity)
     msg.points = [point]
     return msg
+
+
+class OutputWriter:
+    """The output message allocated once (names, layout, the trajectory point) and refilled every tick with the
+    setpoint's values (what :func:`output_msg` builds anew): the command loop allocates no message. Every field a
+    tick sets is set on every tick, so nothing of an earlier tick remains."""
+
+    def __init__(self, kind: str, order: JointOrder, period_s: float, with_velocity: bool) -> None:
+        self.kind, self.order, self.with_velocity = kind, order, with_velocity
+        width = int(order.index.max()) + 1 if len(order.index) else 0  # the actions the order picks from
+        self.msg = output_msg(kind, Setpoint(0, np.zeros(width), np.zeros(width), True, "not_started"), order,
+                              period_s, with_velocity)
+
+    def __call__(self, sp: Setpoint):
+        """The reused message holding ``sp`` (publish it before the next call)."""
+        msg, order = self.msg, self.order
+        if self.kind == "float64_array":
+            msg.data = order(sp.position)
+        elif self.kind == "joint_state":
+            msg.header.stamp = time_msg(sp.stamp_ns)
+            msg.position = order(sp.position)
+            if self.with_velocity:
+                msg.velocity = order(sp.velocity)
+        else:
+            point = msg.points[0]
+            point.positions = order(sp.position)
+            if self.with_velocity:
+                point.velocities = order(sp.velocity)
+        return msg
 
 
 def executed_msg(sp: Setpoint, names: Sequence[str]) -> ExecutedPlan:

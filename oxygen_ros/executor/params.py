@@ -16,12 +16,14 @@ from oxygen_ros.ros.limits import joint_limit_names, parse_limit_parameters
 
 from .aggregation import AGGREGATE_NAMES, parse_aggregate
 from .interpolation import INTERPOLATIONS
+from .rt import parse_cpus
 from .streamer import ON_STALE
 from .timeline import SWITCH_MODES
 
 __all__ = ["EXECUTOR_PARAMS", "OUTPUTS", "ExecutorParams", "ParamError", "ParamSpec", "validate"]
 
 OUTPUTS = ("float64_array", "joint_state", "trajectory")
+LOOPS = ("thread", "timer")
 
 
 class ParamError(ValueError):
@@ -64,6 +66,8 @@ class ParamSpec:
         got = f"got {type(value).__name__} {value!r}"[:160]
         if self.kind is bool:
             ok = isinstance(value, bool)
+        elif self.kind is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
         elif self.kind is float:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool)
             value = float(value) if ok else value
@@ -133,6 +137,30 @@ class ExecutorParams:
         ros_name='limits.robot_description')
     limits_required: bool = param(False,
         'Command nothing while a joint has no limit at all (real robots: true).', ros_name='limits.required')
+    autostart: bool = param(True,
+        'Configure and activate at startup (as the node does); false: wait for lifecycle transitions (a '
+        'lifecycle manager, ros2 lifecycle set).')
+    deactivate_hold_s: float = param(0.1,
+        'On deactivate: the setpoint is held (published unchanged) this long, then publishing stops.',
+        minimum=0.0)
+    loop: str = param('thread',
+        'thread (a command loop of its own: absolute monotonic deadlines, rt.* settings) | timer (an rclpy timer '
+        'on the multi-threaded executor: the former loop, kept for the timing benchmark).', choices=LOOPS)
+    rt_priority: int = param(0,
+        'SCHED_FIFO priority (1-99) of the command loop thread only; 0 = normal. Refused by the OS: warned once, '
+        'normal priority (oxygen-doctor names the fix).', minimum=0, ros_name='rt.priority')
+    rt_cpus: str = param('',
+        "The command loop thread's CPUs, e.g. '3' or '2-3' ('' = any); keep the node's CPUs apart.",
+        ros_name='rt.cpus')
+    rt_switch_interval_s: float = param(0.001,
+        "The interpreter's switch interval (sys.setswitchinterval; Python's default 0.005): how soon the loop "
+        'gets the GIL back from another thread; 0 = leave it.', minimum=0.0, ros_name='rt.switch_interval_s')
+    rt_gc_freeze: bool = param(True,
+        'gc.freeze() after configure and automatic collection off: the 1 Hz diagnostics callback collects (all '
+        'generations once a minute), never the command loop.', ros_name='rt.gc_freeze')
+    rt_mlockall: bool = param(False,
+        'mlockall(MCL_CURRENT | MCL_FUTURE): no page faults in the loop (needs RLIMIT_MEMLOCK; refused: warned).',
+        ros_name='rt.mlockall')
     joint_limits: dict = field(default_factory=dict, compare=False)  # limits.<joint>.<field>
 
     @property
@@ -182,6 +210,12 @@ def validate(values: Mapping[str, Any]) -> ExecutorParams:
     bad = [m for m in out["joint_map"] if m.count(":") != 1 or not all(m.split(":"))]
     if bad:
         problems.append(f"joint_map: entries are 'action:joint'; got {bad}")
+    if out["rt_priority"] > 99:
+        problems.append(f"rt.priority: SCHED_FIFO priorities are 1-99 (0 = normal); got {out['rt_priority']}")
+    try:
+        parse_cpus(out["rt_cpus"])
+    except ValueError as e:
+        problems.append(f"rt.cpus: {e}")
     for name in ("output_joints", "action_names"):
         if len(set(out[name])) != len(out[name]):
             problems.append(f"{name}: duplicates in {list(out[name])}")

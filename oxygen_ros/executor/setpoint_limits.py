@@ -1,18 +1,24 @@
 """Joint limits at the streaming rate: each setpoint moves from the previous one (or from the measured position) by
-no more than the position range, the velocity and the acceleration limits allow (:class:`SetpointLimiter`).
+no more than the position range, the velocity and the acceleration limits allow (:class:`SetpointLimiter`), with the
+real elapsed time ``h`` of each tick, whatever the spacing of the ticks.
 
 The limits are the node's (:mod:`oxygen_ros.ros.limits`: the URDF on ``robot_description`` and the
 ``limits.<joint>.min / .max / .max_velocity / .max_acceleration`` parameters, parameters winning field by field).
-Per joint and command period h, from the previous setpoint p with velocity v toward the target x:
+Per joint and tick, from the previous setpoint p commanded with velocity v (= its step over its own h) toward the
+target x, over the h elapsed since p:
 
 - the target is clipped to [min, max];
-- the velocity (x - p) / h is clipped to +-max_velocity, then to what still allows stopping, at max_acceleration,
-  at the target and before either end of the range (the discrete braking bound ``a h n`` with
-  ``n (n + 1) / 2 <= d / (a h^2)``), then to v +- max_acceleration * h;
-- the setpoint is p + v' h, clipped to [min, max].
+- the velocity u = (x - p) / h is clipped to +-max_velocity, then to what still allows stopping at the target and
+  before either end of the range: ``u^2 / (2 a) + u h <= d`` (d the distance left, a = max_acceleration), then to
+  v +- a h;
+- the setpoint is p + u h (never moved out of [min, max], never jumped into it).
 
-So on every setpoint |p' - p| / h <= max_velocity, |v' - v| / h <= max_acceleration and min <= p' <= max, and a
-setpoint never overshoots its target. A joint without a limit is not bounded by it.
+The stopping bound holds for any later tick spacing: from speed u, ticks of any lengths h_1, h_2, ... that each
+take a h_i off the speed cover at most u^2 / (2 a) (a right Riemann sum of a falling line under its integral), and
+the bound keeps that distance free after this tick's own step u h. So when the previous setpoint respected it, the
+fastest allowed deceleration v - a h still does, and the acceleration clip never has to break it: on every setpoint
+``|p' - p| / h <= max_velocity``, ``|u - v| / h <= max_acceleration`` and ``min <= p' <= max``, and a setpoint never
+overshoots a target that stands still. A joint without a limit is not bounded by it.
 """
 
 from __future__ import annotations
@@ -51,17 +57,20 @@ class SetpointLimiter:
         return [n for n, j in self.limits.items() if j.empty]
 
     def _brake(self, distance: np.ndarray, h: float) -> np.ndarray:
-        """The fastest speed from which the joint still stops within ``distance`` at max_acceleration, moving in
-        steps of ``h`` seconds."""
+        """The fastest speed u from which the joint still stops within ``distance`` at max_acceleration after a
+        step of ``h`` seconds, whatever the later ticks: ``u^2 / (2 a) + u h <= distance``."""
         a = self.amax
-        with np.errstate(divide="ignore", invalid="ignore"):
-            n = (-1.0 + np.sqrt(1.0 + 8.0 * np.maximum(distance, 0.0) / (a * h * h))) / 2.0
-            return np.where(np.isfinite(a), a * h * n, np.inf)
+        d = np.maximum(distance, 0.0)
+        with np.errstate(invalid="ignore", over="ignore"):
+            u = np.sqrt((a * h) ** 2 + 2.0 * a * d) - a * h
+            u = np.where(d > 0, np.maximum(u, 0.0), 0.0)
+            return np.where(np.isfinite(a), u, np.inf)
 
     def step(self, previous: np.ndarray, velocity: np.ndarray, target: np.ndarray,
              h: float) -> tuple[np.ndarray, np.ndarray]:
-        """The next setpoint and its velocity: from ``previous`` (moving at ``velocity`` per second) toward
-        ``target`` over ``h`` seconds, within the limits (see the module docstring)."""
+        """The next setpoint and its velocity ((setpoint - previous) / h): from ``previous`` (commanded with
+        ``velocity`` per second) toward ``target``, ``h`` seconds (the real time since ``previous``) later, within
+        the limits (see the module docstring)."""
         p, v = np.asarray(previous, np.float64), np.asarray(velocity, np.float64)
         x = np.clip(np.asarray(target, np.float64), self.lo, self.hi)
         if h <= 0:
@@ -74,7 +83,8 @@ class SetpointLimiter:
         u = np.maximum(u, -self._brake(p - self.lo, h))
         u = np.clip(u, v - self.amax * h, v + self.amax * h)
         free = u == want  # no limit acted: the target itself (no rounding through the velocity)
-        out = np.clip(np.where(free, x, p + u * h), self.lo, self.hi)
+        # never out of the range, and never jumped into it from a start outside (a measured position beyond it)
+        out = np.clip(np.where(free, x, p + u * h), np.minimum(self.lo, p), np.maximum(self.hi, p))
         u = np.where(free, want, (out - p) / h)
         self.limited += np.abs(u - want) * h > 1e-12 + 1e-9 * np.abs(x)
         return out, u

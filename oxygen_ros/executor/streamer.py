@@ -4,6 +4,9 @@ node-clock times and measured joint positions and publishes what it returns.
 
 Per tick at node time ``now``:
 
+- **inactive** (:meth:`SetpointStreamer.suspend`, the lifecycle's deactivate): held exactly, as halted; chunks are
+  not used; :meth:`SetpointStreamer.resume` (activate) starts afresh from the measured position with the chunks
+  observed from then on.
 - **halted** (``halt``): the setpoint stays exactly where it was (a halt stops at once); the plan is dropped, and
   chunks observed before the release are never used. No jump back when released: the next chunk starts from the
   measured position.
@@ -16,8 +19,12 @@ Per tick at node time ``now``:
   underrun once per plan, and per tick); it never extrapolates.
 - The **first setpoint** after start, and after a halt or a stale period, starts from the measured joint position
   at rest: rate-limited, never a jump (without a measured position for every joint it waits before the first
-  setpoint; later it starts from the held setpoint). After an underrun the path continues from the held setpoint,
-  which the executor commanded all along.
+  setpoint; later it starts from the held setpoint). Its step spans the real time since the previous tick when
+  that tick commanded a setpoint (a held one), else one command period. After an underrun the path continues from
+  the held setpoint, which the executor commanded all along.
+- The **velocity** of every setpoint is the one commanded: its step over the real time since the previous setpoint,
+  so it always agrees with successive positions (never the path's own slope, which a limited setpoint does not
+  follow).
 """
 
 from __future__ import annotations
@@ -44,7 +51,8 @@ class Setpoint:
     position: np.ndarray | None
     velocity: np.ndarray | None
     holding: bool
-    state: str  # following | exhausted | halted | stale | not_started | waiting_for_chunk | waiting_joint_states
+    # following | exhausted | halted | inactive | stale | not_started | waiting_for_chunk | waiting_joint_states
+    state: str
     chunk: Chunk | None = None
     step: int = -1
     plan_start_ns: int = 0
@@ -75,7 +83,9 @@ class SetpointStreamer:
         self.limiter: SetpointLimiter | None = None
         self._limits: dict = {}
         self.halted = False
+        self.suspended = False
         self._last: tuple[int, np.ndarray, np.ndarray] | None = None  # (time, setpoint, velocity) commanded
+        self._prev_tick: tuple[int, bool] | None = None  # the previous tick: (time, whether it commanded a setpoint)
         self._curve: Curve | None = None
         self._plan_id: int | None = None
         self._restart = True  # the next setpoint starts from the measured position
@@ -103,9 +113,10 @@ class SetpointStreamer:
         if names and len(names) != np.asarray(chunk.actions).shape[-1]:
             self.rejected["malformed"] = self.rejected.get("malformed", 0) + 1
             return "malformed"
-        if self.halted:
-            self.rejected["halted"] = self.rejected.get("halted", 0) + 1
-            return "halted"
+        if self.halted or self.suspended:
+            why = "halted" if self.halted else "inactive"
+            self.rejected[why] = self.rejected.get(why, 0) + 1
+            return why
         why = self.timeline.offer(chunk if chunk.names else _named(chunk, names), now_ns)
         if why is None:
             self._last_arrival_ns = now_ns
@@ -129,6 +140,19 @@ class SetpointStreamer:
             self._restart = True
         return True
 
+    def suspend(self) -> None:
+        """Inactive (lifecycle deactivate): hold the last setpoint exactly; no chunk is used."""
+        self.suspended = True
+        self.timeline.clear()
+
+    def resume(self, now_ns: int) -> None:
+        """Active again at ``now_ns``: the next setpoint starts from the measured position, with chunks observed
+        from now on."""
+        if self.suspended:
+            self.suspended = False
+            self.timeline.clear(released_ns=now_ns)
+        self._restart = True
+
     # ------------------------------------------------------------------------------------------ the tick
     def tick(self, now_ns: int, measured: np.ndarray | None = None) -> Setpoint:
         """The setpoint for node time ``now_ns``; ``measured``: each action joint's measured position (NaN =
@@ -136,8 +160,8 @@ class SetpointStreamer:
         plan = self.timeline.plan
         if plan is not None:
             self._reported = plan.chunk
-        if self.halted:
-            return self._hold(now_ns, "halted", exact=True)
+        if self.halted or self.suspended:
+            return self._hold(now_ns, "halted" if self.halted else "inactive", exact=True)
         if plan is None:
             return self._hold(now_ns, "not_started" if self._last is None else "waiting_for_chunk", exact=True)
         if self.stale_timeout_ns and self._last_arrival_ns is not None \
@@ -156,34 +180,34 @@ class SetpointStreamer:
                     self.counts["waiting_joint_states"] += 1
                     return self._report(Setpoint(now_ns, None, None, True, "waiting_joint_states"))
                 q = self._last[1]  # no measurement: restart from the last command
-            self._last = (now_ns - self.period_ns, q.copy(), np.zeros_like(q))
+            # from rest, over the real time since the previous setpoint (else one period: nothing was commanded)
+            prev = self._prev_tick
+            t0 = prev[0] if prev is not None and prev[1] and prev[0] < now_ns else now_ns - self.period_ns
+            self._last = (t0, q.copy(), np.zeros_like(q))
             self._restart, self._plan_id = False, None
         plan_id = self.timeline.accepted  # each used chunk makes a new plan
         if self._plan_id != plan_id:  # a new plan: the path starts at the last command (position and velocity)
             t0, p0, v0 = self._last
             self._curve = Curve.through(self.interpolation, t0, p0, v0, plan.times_ns, plan.values)
             self._plan_id = plan_id
-        target, target_velocity = self._curve.at(now_ns)
+        target, _ = self._curve.at(now_ns)
         exhausted = now_ns >= plan.end_ns
         if exhausted:
             self.counts["underrun_ticks"] += 1
             if self._exhausted_plan != plan_id:
                 self._exhausted_plan = plan_id
                 self.counts["underruns"] += 1
-        out = self._command(now_ns, target, target_velocity)
+        out = self._command(now_ns, target)
         return self._report(Setpoint(now_ns, out[0], out[1], exhausted, "exhausted" if exhausted else "following"))
 
-    def _command(self, now_ns: int, target: np.ndarray,
-                  target_velocity: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The limited step toward ``target``: (setpoint, velocity). The velocity reported is the path's own where
-        the setpoint is the target (no limit acted), else the limited step's."""
+    def _command(self, now_ns: int, target: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The limited step toward ``target``: (setpoint, its velocity: the step over the real time since the
+        previous setpoint)."""
         t0, p0, v0 = self._last
         p, v = self.limiter.step(p0, v0, target, (now_ns - t0) / 1e9) if now_ns > t0 else (p0.copy(), v0 * 0)
         self._last = (now_ns, p, v)  # the limiter continues from its own (finite-difference) velocity
         self.counts["setpoints"] += 1
-        if target_velocity is None:
-            return p, v
-        return p, np.where(p == target, target_velocity, v)
+        return p, v
 
     def _hold(self, now_ns: int, state: str, exact: bool) -> Setpoint:
         """Hold the last setpoint: exactly (halt: at once), or brought to rest within the limits."""
@@ -199,7 +223,9 @@ class SetpointStreamer:
         return self._report(Setpoint(now_ns, p, v, True, state))
 
     def _report(self, sp: Setpoint) -> Setpoint:
-        """Fill in the chunk in force, its step and the plan ahead (empty while holding other than exhausted)."""
+        """Remember the tick; fill in the chunk in force, its step and the plan ahead (empty while holding other
+        than exhausted)."""
+        self._prev_tick = (sp.stamp_ns, sp.position is not None)
         chunk = self._reported
         if chunk is not None:
             sp.chunk, sp.step, sp.dt_ns = chunk, chunk.step_at(sp.stamp_ns), chunk.dt_ns

@@ -27,6 +27,7 @@ from typing import Any
 import yaml
 
 from .dds import PROFILE_ENV_VARS, PROFILE_FILE_NAME, default_profile_path, profile_env_var
+from .realtime import capability
 
 __all__ = ["Check", "find_preset", "main", "run_checks"]
 
@@ -294,6 +295,13 @@ def check_python() -> list[Check]:
     return out
 
 
+def check_realtime() -> list[Check]:
+    """What this machine allows the executor's command loop (rt.priority, rt.cpus, rt.mlockall): warnings, never
+    missing (the loop runs at normal priority without them)."""
+    return [Check(f"realtime: {name}", OK if ok else WARN, detail, "" if ok else fix)
+            for name, ok, detail, fix in capability()]
+
+
 def run_checks(preset: str, overrides: dict[str, Any]) -> list[Check]:
     """Every check, for ``preset`` with ``overrides``."""
     checks: list[Check] = []
@@ -304,7 +312,8 @@ def run_checks(preset: str, overrides: dict[str, Any]) -> list[Check]:
         checks.append(Check("preset", OK, str(path)))
     except Exception as e:
         checks.append(Check("preset", MISSING, str(e), "pass --preset FILE, or source the install space"))
-    steps: list[Callable[[], list[Check]]] = [check_ros, lambda: check_torch(params), check_dds, check_python]
+    steps: list[Callable[[], list[Check]]] = [check_ros, lambda: check_torch(params), check_dds, check_python,
+                                            check_realtime]
     if params is not None:
         steps.append(lambda: check_model(params))
     for step in steps:

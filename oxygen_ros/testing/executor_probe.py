@@ -131,10 +131,12 @@ class ExecutorProbe:
     def wait_for(self, predicate: Callable[[], bool], timeout: float) -> bool:
         return wait_for(predicate, timeout, 0.01)
 
-    def wait_for_executor(self, timeout: float = 20.0) -> bool:
-        """Discovery done: the executor subscribes to the chunks, joint states and halt."""
+    def wait_for_executor(self, timeout: float = 20.0, active: bool = True) -> bool:
+        """Discovery done: the executor subscribes to the chunks, joint states and halt; with ``active``, it also
+        reports (/diagnostics) that it is active (a lifecycle node uses no chunk before)."""
         pubs = (self.chunk_pub, self.joint_pub, self.halt_pub)
-        return self.wait_for(lambda: all(p.get_subscription_count() > 0 for p in pubs), timeout)
+        return self.wait_for(lambda: all(p.get_subscription_count() > 0 for p in pubs)
+                             and (not active or self.diagnostic("lifecycle") == "active"), timeout)
 
     # ------------------------------------------------------------------------------------------ publishing
     def publish_chunk(self, actions: np.ndarray, stamp_ns: int, dt_s: float, names: Sequence[str] = (),
