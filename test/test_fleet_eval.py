@@ -31,6 +31,7 @@ from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, oxygen_typestore  # noqa: E402
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available  # noqa: E402
 
+HORIZON = read_config(TOY_MODEL_DIR).action_horizon if toy_model_available() else 0  # the toy's chunk (16)
 pytestmark = [pytest.mark.skipif(not toy_model_available(), reason="the embedded toy model's files are missing"),
               pytest.mark.usefixtures("one_torch_thread")]
 
@@ -64,10 +65,11 @@ def copy_bag(src: Path, dst: Path, extra: dict[str, tuple[str, list[tuple[int, b
 
 
 def test_own_output_as_reference_scores_zero(fleet_dir: Path, tmp_path: Path) -> None:
-    # one chunk per control period (2.5 Hz x 8 actions at 20 Hz): the chunks tile the time line, so the recorded
+    # one chunk per control period (2.5 Hz x 16 actions at 40 Hz): the chunks tile the time line, so the recorded
     # chunks are a reference every step of every chunk is compared with
-    params = {**PARAMS, "control_rate_hz": 2.5, "actions_per_chunk": 8}
-    # each chunk ready at its tick on the bag clock: no action committed before it is ready, all 8 are published
+    params = {**PARAMS, "control_rate_hz": 2.5, "action_rate_hz": 2.5 * HORIZON, "actions_per_chunk": HORIZON}
+    dt_ns = round(1e9 / params["action_rate_hz"])
+    # each chunk ready at its tick on the bag clock: no action committed before it is ready, all 16 are published
     # (the default model, half a period, would commit 4 of them; before, this followed the host's speed)
     timing = ReplayTiming("bag", latency_s=0.0)
     bag = fleet_dir / "tabletop_1000000"
@@ -83,7 +85,7 @@ def test_own_output_as_reference_scores_zero(fleet_dir: Path, tmp_path: Path) ->
                 acts = np.asarray(m.actions, np.float64).reshape(m.horizon, m.action_dim)
                 points = [T["trajectory_msgs/msg/JointTrajectoryPoint"](
                     positions=a, velocities=np.zeros(0), accelerations=np.zeros(0), effort=np.zeros(0),
-                    time_from_start=T["builtin_interfaces/msg/Duration"](sec=0, nanosec=(i + 1) * 50_000_000))
+                    time_from_start=T["builtin_interfaces/msg/Duration"](sec=0, nanosec=(i + 1) * dt_ns))
                     for i, a in enumerate(acts)]
                 msg = T["trajectory_msgs/msg/JointTrajectory"](header=m.header, joint_names=m.joint_names,
                                                                points=points)
@@ -99,7 +101,7 @@ def test_own_output_as_reference_scores_zero(fleet_dir: Path, tmp_path: Path) ->
         assert r["digest"] == first["digest"]
         a = r["scores"]["actions"]
         assert a["chunks"] == r["frames"] and a["uncovered_chunks"] == 0
-        assert a["actions_scored"] == 8 * r["frames"]  # every step of every chunk
+        assert a["actions_scored"] == HORIZON * r["frames"]  # every step of every chunk
         assert a["mae"] == a["mse"] == a["first_action"]["mae"] == 0.0
         assert a["within_tolerance"] == {"executed": 1.0, "chunk": 1.0}
         for stream in ("subtask", "narration"):
@@ -111,7 +113,7 @@ def test_against_the_expert_and_the_default_reference(fleet_dir: Path, tmp_path:
     r = evaluate_bag(fleet_dir / "tabletop_1000001", tmp_path / "out", PARAMS, progress=False, scoring=SCORING)
     a = r["scores"]["actions"]
     assert r["scores"]["reference_topic"] == COMMAND_TOPIC and a["joints"] == ["ee_x", "ee_y", "ee_z", "gripper"]
-    assert a["chunks"] == r["frames"] and a["n_execute"] == 2 and a["horizon"] == 8
+    assert a["chunks"] == r["frames"] and a["n_execute"] == 2 and a["horizon"] == HORIZON
     assert 0 < a["mae"] < 0.05 and a["count_per_step"][0] == a["chunks"]
     assert (tmp_path / "out" / "action_error.png").read_bytes()[:4] == b"\x89PNG"
     assert r["scores"]["language"]["subtask"]["exact_match"] > 0.5

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -117,11 +119,18 @@ def test_rtc_smooths_the_switches_of_the_toy_model(tmp_path) -> None:
     import json
 
     import torch
+    import yaml
 
+    from oxygen_ros.policy.rtc import PAPER_RTC
     from oxygen_ros.train.rtc_eval import STRATEGIES, RTCClosedLoop, compare_table, markdown_table, summarize
 
     torch.set_num_threads(1)
-    loop = RTCClosedLoop()
+    # the tabletop preset's guided region (8 actions of the 16-action chunk; guided over the whole remainder, seed
+    # 1,000,000 stalls at d = 3: docs/rtc.md)
+    preset = next(iter(yaml.safe_load((Path(__file__).parents[1] / "config" / "tabletop.yaml").read_text())
+                       .values()))["ros__parameters"]["rtc"]
+    assert preset["execution_horizon"] == 8
+    loop = RTCClosedLoop(rtc=dataclasses.replace(PAPER_RTC, execution_horizon=preset["execution_horizon"]))
     naive, identity = STRATEGIES[0], STRATEGIES[1]
     seeds = (1_000_000, 1_000_001)
     rows = {}

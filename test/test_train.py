@@ -9,17 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from oxygen_ros.engine.checkpoint import load_checkpoint
+from oxygen_ros.engine.checkpoint import load_checkpoint, read_config, save_checkpoint
 from oxygen_ros.engine.reference import reference_language_logits
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 from oxygen_ros.models import TOY_MODEL_DIR
+from oxygen_ros.policy import PolicyConfigError, load_policy
+from oxygen_ros.policy.coverage import coverage_warning
 from oxygen_ros.train.data import collect, make_batch
 from oxygen_ros.train.evaluate import ClosedLoop, evaluate
 from oxygen_ros.train.losses import _mask_and_positions, sample_time, training_losses
 from oxygen_ros.train.object_maps import OBJECT_CLASSES, object_maps
 from oxygen_ros.train.policy import NormStats, episode_noise
 from oxygen_ros.train.recipe import init_toy_model, make_world_tokenizer, sincos_2d, toy_config
-from oxygen_ros.train.train import TrainConfig, train
+from oxygen_ros.train.train import TrainConfig, train, warm_start
 from oxygen_ros.world import TabletopWorld
 
 
@@ -129,10 +131,66 @@ def test_engines_act_identically_in_the_loop(trained: Path) -> None:
         runs[mode] = loop.run_episode(1_000_000)
     a, b = runs["oxygen"], runs["isolated"]
     assert len(a.chunks) == len(b.chunks) == 3
+    # the recipe's chunk is 16 actions; a frame executes the checkpoint's n_action_steps (8) of them
+    assert loop.policy.spec.chunk_size == 16 and loop.policy.spec.n_action_steps == loop.runner.n_execute == 8
+    assert all(len(c) == 8 for c in a.chunks)
     for x, y in zip(a.chunks, b.chunks, strict=True):
         np.testing.assert_array_equal(x, y)
     assert a.memory_total == b.memory_total == a.frames  # every request finished (oxygen drains its backlog)
     assert a.memory_exact == b.memory_exact
+
+
+def test_warm_start_changes_the_horizon(trained: Path, tok) -> None:
+    # no weight depends on the horizon (RoPE positions in the action expert): every tensor of a 16-action checkpoint
+    # warm-starts a model of another horizon, which then samples chunks of its own length
+    model = init_toy_model(toy_config(horizon=4), seed=3).eval()
+    info = warm_start(model, tok, trained)
+    assert info["tensors"] == len(model.state_dict())
+    torch.testing.assert_close(model.state_dict(), load_checkpoint(trained).state_dict())
+    assert model.config.action_horizon == 4
+
+
+def test_cached_demonstrations_must_match_the_horizon(demos, tmp_path: Path) -> None:
+    demos.save(tmp_path / "demos.npz")  # chunks of 8
+    with pytest.raises(ValueError, match="chunks of 8 actions, but horizon is 16"):
+        train(TrainConfig(out=tmp_path / "out", data=tmp_path / "demos.npz", horizon=16, steps=1), progress=False)
+
+
+def test_committed_chunk_outlasts_the_frame() -> None:
+    # the tabletop preset (make demo, the executor benchmark): a published chunk must last until the next one is
+    # there, one control period plus the node's latency later, with margin for a loaded host (ages up to 0.5 s);
+    # the 8-action model (400 ms at 20 Hz) failed this
+    import yaml
+
+    params = next(iter(yaml.safe_load((Path(__file__).parents[1] / "config" / "tabletop.yaml").read_text())
+                       .values()))["ros__parameters"]
+    horizon = read_config(TOY_MODEL_DIR).action_horizon
+    dt, period = 1.0 / params["action_rate_hz"], 1.0 / params["control_rate_hz"]
+    assert horizon == 16 and horizon * dt >= 8 * period
+    assert coverage_warning(horizon, dt, period, age_s=0.5, rtc=True) is None
+    assert coverage_warning(8, dt, period, age_s=0.5, rtc=True) is not None
+    # where the node derives the action rate from the checkpoint's n_action_steps (action_rate_hz 0: 8 x 10 Hz),
+    # the whole chunk (real-time chunking publishes it) spans two periods: the node's p99 latency (65 ms) fits
+    spec = load_policy(TOY_MODEL_DIR).spec
+    assert spec.n_action_steps == 8 and spec.chunk_size == horizon
+    derived = 1.0 / (spec.n_action_steps * params["control_rate_hz"])
+    assert coverage_warning(horizon, derived, period, age_s=0.065, rtc=True) is None
+    assert coverage_warning(8, derived, period, age_s=0.065, rtc=True) is not None  # the 8-action model's
+
+
+def test_checkpoint_n_action_steps_is_validated(trained: Path, tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    assert json.loads((trained / "config.json").read_text())["n_action_steps"] == 8
+    bad = Path(shutil.copytree(trained, tmp_path / "bad"))
+    meta = json.loads((bad / "config.json").read_text())
+    for value in (0, 17, "8"):
+        (bad / "config.json").write_text(json.dumps({**meta, "n_action_steps": value}))
+        with pytest.raises(PolicyConfigError, match="n_action_steps"):
+            load_policy(bad)
+    with pytest.raises(ValueError, match="n_action_steps"):
+        save_checkpoint(load_checkpoint(trained), tmp_path / "x", n_action_steps=17)
 
 
 def test_episode_noise_is_fixed() -> None:

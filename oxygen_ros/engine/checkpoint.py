@@ -158,12 +158,18 @@ def checkpoint_state_dict(model: Pi05Model, layout: str = "openpi") -> dict[str,
     return {prefix + k: v for k, v in sd.items()}
 
 
-def save_checkpoint(model: Pi05Model, directory: str | Path, layout: str = "openpi") -> Path:
-    """Write ``model.safetensors`` + ``config.json`` (our config under ``oxygen_ros``) into ``directory``."""
+def save_checkpoint(model: Pi05Model, directory: str | Path, layout: str = "openpi",
+                    n_action_steps: int | None = None) -> Path:
+    """Write ``model.safetensors`` + ``config.json`` (our config under ``oxygen_ros``) into ``directory``;
+    ``n_action_steps``: actions of a chunk executed per frame (LeRobot's name; None: the whole chunk)."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    if n_action_steps is not None and not 0 < n_action_steps <= model.config.action_horizon:
+        raise ValueError(f"n_action_steps {n_action_steps} must be in 1..{model.config.action_horizon}")
     save_file(checkpoint_state_dict(model, layout), str(directory / WEIGHTS_NAME), metadata={"format": "pt"})
     meta = {"oxygen_ros": model.config.to_dict(), "layout": layout}
+    if n_action_steps is not None:
+        meta["n_action_steps"] = int(n_action_steps)
     (directory / CONFIG_NAME).write_text(json.dumps(meta, indent=2))
     return directory
 

@@ -5,11 +5,12 @@
 
 Every control frame: the world's raw observation -> the policy layer's frame runner (the checkpoint's own
 pre-processing, engine.step with the frame's language requests, post-processing to world units; the same runner the
-ROS node and the bag evaluation use) -> the chunk is executed in the world. Each frame starts one request of every
-language task (:data:`LANGUAGE_TASKS`): "memory", "subtask" and "narration" streams of the runner and one question
-(task "answer", ``PromptTokenizer.tokenize_question``, drawn from :func:`oxygen_ros.world.sample_questions`) added to
-the frame's requests. Every finished text is scored by exact match against the world's truth at the frame its
-request started from.
+ROS node and the bag evaluation use) -> the chunk's first ``--execute`` actions (default: the checkpoint's
+``n_action_steps``, 8 of the toy model's 16) are executed in the world, then the next frame replans. Each frame
+starts one request of every language task (:data:`LANGUAGE_TASKS`): "memory", "subtask" and "narration" streams of
+the runner and one question (task "answer", ``PromptTokenizer.tokenize_question``, drawn from
+:func:`oxygen_ros.world.sample_questions`) added to the frame's requests. Every finished text is scored by exact
+match against the world's truth at the frame its request started from.
 
 Subtask conditioning (``--subtask on``, staged inference): the latest finished subtask text (the one started last)
 goes into the action prompt of the following frames (``"...;\nSubtask: {subtask};\nAction: "``); until the first
@@ -83,11 +84,13 @@ class ClosedLoop:
     """A model directory (checkpoint, tokenizer, norm stats) run by the policy layer's frame runner in the world.
 
     ``tasks``: the language tasks each frame starts (subset of :data:`LANGUAGE_TASKS`); ``condition``: subtask
-    conditioning of the action prompt (needs the "subtask" task)."""
+    conditioning of the action prompt (needs the "subtask" task); ``execute``: actions of each chunk executed before
+    the next frame (None: the checkpoint's ``n_action_steps``; at most the chunk)."""
 
     def __init__(self, model_dir: Path, mode: str = "oxygen", k: int = 5, max_new_tokens: int = 24,
                  num_steps: int | None = None, max_steps: int = WorldConfig.max_steps,
-                 tasks: tuple[str, ...] = LANGUAGE_TASKS, condition: bool = False, question_seed: int = 0) -> None:
+                 tasks: tuple[str, ...] = LANGUAGE_TASKS, condition: bool = False, question_seed: int = 0,
+                 execute: int | None = None) -> None:
         unknown = set(tasks) - set(LANGUAGE_TASKS)
         if unknown:
             raise ValueError(f"unknown language tasks {sorted(unknown)}; known: {LANGUAGE_TASKS}")
@@ -107,7 +110,8 @@ class ClosedLoop:
         self._seed, self._frame = 0, 0  # noise is fixed by (episode seed, frame in the episode)
         streams = [LanguageSchedule(1, t, "", max_new_tokens, 32) for t in self.tasks if t != ANSWER]
         self.runner = FrameRunner(self.policy, factory, streams,
-                                  noise=lambda _i, h, a: episode_noise(self._seed, self._frame, h, a))
+                                  noise=lambda _i, h, a: episode_noise(self._seed, self._frame, h, a),
+                                  n_execute=execute)
         self.engine = self.runner.engine
         self.world = TabletopWorld(WorldConfig(image_size=cfg.vision.image_size, max_steps=max_steps))
         self.frame_s: list[float] = []  # engine time of frames whose chunk was executed
@@ -218,7 +222,9 @@ class ClosedLoop:
             "mean_steps": float(np.mean([r.steps for r in results])),
             "mean_frame_ms": 1000.0 * mean_frame,
             "action_chunks_per_s": 1.0 / mean_frame,
-            "actions_per_s": self.model.config.action_horizon / mean_frame,
+            "action_horizon": self.model.config.action_horizon,
+            "actions_executed_per_frame": self.runner.n_execute,
+            "actions_per_s": self.runner.n_execute / mean_frame,
             "language_tokens_per_s": self.tokens / self.engine_s if self.engine_s else 0.0,
             "language_tokens": self.tokens,
         })
@@ -243,13 +249,14 @@ def actions_digest(chunks: list[np.ndarray]) -> str:
 
 def evaluate(model_dir: Path, episodes: int = 100, mode: str = "oxygen", first_seed: int = EVAL_FIRST_SEED,
              k: int = 5, max_new_tokens: int = 24, out: Path | None = None, threads: int = 1,
-             progress: bool = True, condition: bool = False, tasks: tuple[str, ...] = LANGUAGE_TASKS) -> dict:
+             progress: bool = True, condition: bool = False, tasks: tuple[str, ...] = LANGUAGE_TASKS,
+             execute: int | None = None) -> dict:
     """Run ``episodes`` seeded episodes; write JSON and the filmstrip of the first episode into ``out``
     (``eval_<mode>.json``, or ``eval_<mode>_subtask.json`` with subtask ``condition``-ing)."""
     from tqdm import tqdm
 
     torch.set_num_threads(threads)
-    loop = ClosedLoop(Path(model_dir), mode, k, max_new_tokens, tasks=tasks, condition=condition)
+    loop = ClosedLoop(Path(model_dir), mode, k, max_new_tokens, tasks=tasks, condition=condition, execute=execute)
     name = f"{mode}_subtask" if condition else mode
     results = [loop.run_episode(first_seed + i, record=i == 0)
                for i in tqdm(range(episodes), desc=f"evaluate ({name})", disable=not progress)]
@@ -289,12 +296,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--subtask", default="both", choices=("off", "on", "both"),
                     help="subtask conditioning of the action prompt")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--execute", type=int, help="actions of each chunk executed before the next frame (default: "
+                    "the checkpoint's n_action_steps; at most the chunk)")
     ap.add_argument("--out", type=Path, default=Path("runs/eval_toy"), help="where the JSON and PNG go")
     a = ap.parse_args(argv)
     for condition in {"off": (False,), "on": (True,), "both": (False, True)}[a.subtask]:
         t0 = time.perf_counter()
         m = evaluate(a.model, a.episodes, a.mode, a.first_seed, a.k, a.max_new_tokens, a.out, a.threads,
-                     condition=condition)
+                     condition=condition, execute=a.execute)
         print(f"{summary_line(m)} [{time.perf_counter() - t0:.0f} s] -> {a.out}")
 
 

@@ -15,15 +15,23 @@ from oxygen_ros.world.language import LANGUAGE_GRID, cell_text
 from oxygen_ros.world.render import COLORS
 from oxygen_ros.world.tabletop import CAMERAS, JOINT_NAMES
 
-__all__ = ["ACTION_HORIZON", "VOCAB_SIZE", "init_toy_model", "make_world_tokenizer", "sincos_2d", "toy_config",
-           "world_sentences"]
+__all__ = ["ACTION_HORIZON", "N_ACTION_STEPS", "VOCAB_SIZE", "init_toy_model", "make_world_tokenizer", "sincos_2d",
+           "toy_config", "world_sentences"]
 
-ACTION_HORIZON = 8
+# 16 actions: at the tabletop preset's 20 Hz (config/tabletop.yaml) a chunk spans 800 ms, 8 control frames of
+# 100 ms, so it outlasts a frame plus the node's latency with a wide margin even on a loaded host (the model until
+# 2026-12-04 had 8: 400 ms), as a real pi0.5 chunk (50 actions, 10 executed) does by design.
+ACTION_HORIZON = 16
+# actions of a chunk executed per frame (the checkpoint's n_action_steps): still 8, so where the node derives the
+# action rate from it (action_rate_hz 0: 8 x control_rate_hz) a 16-action chunk spans two control periods
+N_ACTION_STEPS = 8
 VOCAB_SIZE = 512
 
 
-def toy_config(image_size: int = 64, patch_size: int = 16) -> Pi05Config:
-    """pi0.5 at toy scale (about 1.8M parameters): the same architecture, two cameras, 4-D actions.
+def toy_config(image_size: int = 64, patch_size: int = 16, horizon: int = ACTION_HORIZON) -> Pi05Config:
+    """pi0.5 at toy scale (about 1.8M parameters): the same architecture, two cameras, 4-D actions, chunks of
+    ``horizon`` actions (no weight depends on it: the action expert's positions are RoPE, so a checkpoint trained
+    at one horizon warm-starts another).
 
     16 px patches (4 x 4 tokens per 64 px image) train about 4x faster per step than 8 px patches on CPU, which is
     what lets the short budget get past the plateau where the model ignores where the target block is."""
@@ -36,7 +44,7 @@ def toy_config(image_size: int = 64, patch_size: int = 16) -> Pi05Config:
         expert=GemmaConfig(width=96, depth=3, mlp_dim=384, **heads),
         vocab_size=VOCAB_SIZE,
         action_dim=len(JOINT_NAMES),
-        action_horizon=ACTION_HORIZON,
+        action_horizon=horizon,
         max_token_len=64,  # the subtask-conditioned action prompt is up to about 50 tokens (digits are split)
         camera_names=CAMERAS,
         num_steps=10,

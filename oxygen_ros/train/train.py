@@ -28,7 +28,7 @@ from .data import Demonstrations, collect, make_batch
 from .losses import training_losses
 from .object_maps import OBJECT_CLASSES
 from .policy import NormStats
-from .recipe import ACTION_HORIZON, init_toy_model, make_world_tokenizer, toy_config
+from .recipe import ACTION_HORIZON, N_ACTION_STEPS, init_toy_model, make_world_tokenizer, toy_config
 from .validation import validate
 
 __all__ = ["VAL_FIRST_SEED", "TrainConfig", "train"]
@@ -61,6 +61,8 @@ class TrainConfig:
     val_episodes: int = 12
     data: Path | None = None  # .npz cache of the demonstrations (written if missing)
     init: Path | None = None  # warm start: a trained toy model directory (weights; token embeddings by piece)
+    horizon: int = ACTION_HORIZON  # actions per chunk (the expert's plan; any warm start's horizon fits)
+    n_action_steps: int = N_ACTION_STEPS  # actions executed per frame, written into config.json
 
 
 def _lr(step: int, cfg: TrainConfig) -> float:
@@ -73,8 +75,11 @@ def _lr(step: int, cfg: TrainConfig) -> float:
 
 def _demonstrations(cfg: TrainConfig, patch_px: int) -> Demonstrations:
     if cfg.data is not None and Path(cfg.data).exists():
-        return Demonstrations.load(cfg.data)
-    demos = collect(cfg.episodes, horizon=ACTION_HORIZON, patch_px=patch_px)
+        demos = Demonstrations.load(cfg.data)
+        if demos.actions.shape[1] != cfg.horizon:
+            raise ValueError(f"{cfg.data}: chunks of {demos.actions.shape[1]} actions, but horizon is {cfg.horizon}")
+        return demos
+    demos = collect(cfg.episodes, horizon=cfg.horizon, patch_px=patch_px)
     if cfg.data is not None:
         demos.save(cfg.data)
     return demos
@@ -148,10 +153,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_cfg = toy_config()
+    if not 0 < cfg.n_action_steps <= cfg.horizon:
+        raise ValueError(f"n_action_steps must be in 1..horizon ({cfg.horizon}), got {cfg.n_action_steps}")
+    model_cfg = toy_config(horizon=cfg.horizon)
     tok = PromptTokenizer(make_world_tokenizer(out), model_cfg.max_token_len)
     demos = _demonstrations(cfg, model_cfg.vision.patch_size)
-    stats = NormStats.fit(demos.states, demos.actions)
+    # a warm start keeps its norm stats (the state tokens in its prompts and its action scale stay what it learned)
+    stats = NormStats.load(cfg.init) if cfg.init is not None else NormStats.fit(demos.states, demos.actions)
     stats.save(out)
     model = init_toy_model(model_cfg, cfg.seed).train()
     warm = warm_start(model, tok, cfg.init) if cfg.init is not None else None
@@ -163,7 +171,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     token_cache: dict[str, list[int]] = {}
-    val = collect(cfg.val_episodes, VAL_FIRST_SEED, ACTION_HORIZON, progress=False,
+    val = collect(cfg.val_episodes, VAL_FIRST_SEED, cfg.horizon, progress=False,
                   patch_px=model_cfg.vision.patch_size)
     val_index = np.linspace(0, len(val) - 1, min(64, len(val))).round().astype(int)
     val_rng = np.random.default_rng(cfg.seed + 1)  # fixed questions; half the prompts conditioned (true subtask)
@@ -205,7 +213,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict:
                 bar.write(f"fitting the schedule to {fitted} steps ({cfg.max_minutes} min)")
                 cfg.steps = bar.total = fitted
     bar.close()
-    save_checkpoint(model.eval(), out)
+    save_checkpoint(model.eval(), out, n_action_steps=cfg.n_action_steps)
     log = {"config": {k: str(v) if isinstance(v, Path) else v for k, v in asdict(cfg).items()},
            "samples": len(demos), "parameters": model.num_parameters(), "steps_done": step, "warm_start": warm,
            "wall_s": time.perf_counter() - t_start, "history": history}

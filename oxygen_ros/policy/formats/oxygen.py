@@ -8,6 +8,7 @@ quantile statistics), with one difference the toy models were trained with: the 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ...engine.config import Pi05Config
@@ -41,12 +42,25 @@ def read_oxygen(directory: Path, options: SpecOptions, config: Pi05Config,
     if tokenizer is None:
         raise PolicyConfigError(f"tokenizer_path: not set and no tokenizer.model in {directory}")
     action_dims = action_norm.dim if action_norm is not None else config.action_dim
+    n_action_steps = _n_action_steps(directory, config.action_horizon)
     spec = PolicySpec(
         framework="oxygen", checkpoint=directory, camera_slots=tuple(config.camera_names), missing_camera="in_place",
         image_resize="pil_bilinear", image_size=config.vision.image_size,
         state_dim=state_norm.dim if state_norm else None, action_dims=int(action_dims),
-        chunk_size=config.action_horizon, n_action_steps=config.action_horizon, state_norm=state_norm,
+        chunk_size=config.action_horizon, n_action_steps=n_action_steps, state_norm=state_norm,
         action_norm=action_norm, state_in_prompt=True, clip_state=True, tokenizer=tokenizer,
         max_token_len=config.max_token_len, time_schedule=config.time_schedule,
         default_cameras=tuple(config.camera_names), notes=tuple(notes))
     return spec, {}
+
+
+def _n_action_steps(directory: Path, horizon: int) -> int:
+    """``config.json``'s ``n_action_steps`` (actions executed per frame, written by training), else the chunk."""
+    path = directory / "config.json"
+    try:
+        value = json.loads(path.read_text()).get("n_action_steps", horizon) if path.is_file() else horizon
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError):
+        return horizon  # the config reader reports a broken config.json
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= horizon:
+        raise PolicyConfigError(f"{path}: n_action_steps {value!r} must be an integer in 1..{horizon} (the chunk)")
+    return value
