@@ -28,8 +28,8 @@ from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
 from oxygen_ros.models import toy_model_available  # noqa: E402
-from oxygen_ros.ros.fault_injection import FAULT_INJECTION_ENV  # noqa: E402
 from oxygen_ros.ros.params import validate  # noqa: E402
+from oxygen_ros.testing.fault_injection import fault_env  # noqa: E402
 from oxygen_ros.testing.load import cpu_hogs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,10 +104,12 @@ def test_same_bag_same_outputs_on_a_quiet_and_a_loaded_host(bag: Path, tmp_path:
     params = shipped("tabletop", tmp_path)
     assert params["k_auto"] is True and params["rtc.delay"] == "auto"  # what the test is about
     quiet = evaluate(bag, tmp_path / "quiet", params)
-    monkeypatch.setenv(FAULT_INJECTION_ENV, f"hang:*:{HANG_S}")
+    for name, value in fault_env(f"hang:*:{HANG_S}").items():
+        monkeypatch.setenv(name, value)
     with cpu_hogs(2, max_s=600):
         loaded = evaluate(bag, tmp_path / "loaded", params)
-    monkeypatch.delenv(FAULT_INJECTION_ENV)
+    for name in fault_env(""):
+        monkeypatch.delenv(name)
 
     assert quiet["frames"] >= FRAMES - 3 and quiet["digest"]["num_texts"] > 0, "a run with actions and texts"
     # the loaded run was really slower: every frame's measured latency includes the injected sleep
@@ -131,10 +133,12 @@ def test_on_the_wall_clock_the_same_slowdown_reaches_the_rtc_delay(bag: Path, tm
     the delay estimate and the committed actions, so an equal digest above is not an accident of a slowdown that
     does nothing."""
     params = shipped("tabletop", tmp_path)
-    monkeypatch.setenv(FAULT_INJECTION_ENV, f"hang:*:{HANG_S}")
+    for name, value in fault_env(f"hang:*:{HANG_S}").items():
+        monkeypatch.setenv(name, value)
     wall = evaluate(bag, tmp_path / "wall", params, timing=ReplayTiming("wall"))
     bag_clock = evaluate(bag, tmp_path / "bag", params)
-    monkeypatch.delenv(FAULT_INJECTION_ENV)
+    for name in fault_env(""):
+        monkeypatch.delenv(name)
     dt_s = 1.0 / params["action_rate_hz"]
     floor = math.ceil(HANG_S / dt_s - 1e-6)  # the measured age includes the injected sleep
     assert all(f["rtc_delay"] >= floor for f in wall["per_frame"][1:]), [f["rtc_delay"] for f in wall["per_frame"]]

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,10 +24,11 @@ import pytest
 import torch
 from conftest import require_ros, ros_domain
 
-from oxygen_ros.ros.fault_injection import FaultInjector, parse_program
+from oxygen_ros.policy.hooks import RUNNER_HOOK_ENV, install_runner_hook
 from oxygen_ros.ros.limits import ActionLimiter, JointLimit, UrdfError, merge_limits, urdf_limits
 from oxygen_ros.ros.params import ParamError, validate
 from oxygen_ros.ros.safety import ActionGate, FaultCounter, FrameWatchdog, NewestPerPublisher
+from oxygen_ros.testing.fault_injection import FaultInjector, fault_env, parse_program
 
 REPO = Path(__file__).resolve().parents[1]
 URDF = REPO / "test" / "fixtures" / "urdf" / "safety_arm.urdf"
@@ -243,6 +242,26 @@ def test_the_fault_program_runs_frame_by_frame(tmp_path: Path) -> None:
     assert torch.isfinite(runner.step()).all() and time.monotonic() - t0 >= 0.2
 
 
+def test_the_runner_hook_installs_fault_injection_only_when_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Production code installs no fault injection of its own: only the module the hook's variable names."""
+    model = _Expert()
+    runner = SimpleNamespace(step=lambda: model.action_out_proj(torch.ones(1, 2)))
+    logged: list[str] = []
+    for name in fault_env(""):
+        monkeypatch.delenv(name, raising=False)
+    assert install_runner_hook(runner, model, logged.append) is None and not logged
+    for name, value in fault_env("raise:1").items():
+        monkeypatch.setenv(name, value)
+    injector = install_runner_hook(runner, model, logged.append)
+    assert injector is not None and "TEST-ONLY" in logged[0]
+    with pytest.raises(RuntimeError, match="injected fault"):
+        runner.step()
+    injector.release()
+    monkeypatch.setenv(RUNNER_HOOK_ENV, "oxygen_ros.no_such_hook")
+    with pytest.raises(ImportError):
+        install_runner_hook(runner, model, logged.append)
+
+
 # ---------------------------------------------------------------------------------------------- inputs
 def test_an_image_already_too_old_on_arrival_is_rejected_with_its_reason() -> None:
     pytest.importorskip("rclpy", reason="rclpy is not installed")
@@ -259,14 +278,6 @@ def test_an_image_already_too_old_on_arrival_is_rejected_with_its_reason() -> No
     assert store.rejected.snapshot() == {"image_too_old": 1} and len(store.camera_buffers()[0]) == 1
 
 
-def test_the_old_module_path_still_starts_the_node() -> None:
-    pytest.importorskip("rclpy", reason="rclpy is not installed")
-    out = subprocess.run([sys.executable, "-m", "oxygen_ros.ros.node", "--help"], capture_output=True, text=True,
-                         timeout=120, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert "python -m oxygen_ros.ros" in out.stderr and "limits.policy" in out.stdout
-
-
 # ---------------------------------------------------------------------------------------------- one node over DDS
 require_ros()
 pytest.importorskip("std_srvs", reason="std_srvs is not installed (run `make setup`)")
@@ -280,7 +291,6 @@ from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E
 from std_msgs.msg import Bool, String  # noqa: E402
 from std_srvs.srv import SetBool  # noqa: E402
 
-from oxygen_ros.ros.fault_injection import FAULT_INJECTION_ENV  # noqa: E402
 from oxygen_ros.testing import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
 
 SYNTHETIC = REPO / "config" / "synthetic.yaml"
@@ -390,7 +400,7 @@ def node(faults: Path):
     proc = NodeProcess(SYNTHETIC, {
         "control_rate_hz": RATE_HZ, "max_new_tokens": 4, "k": 2, "publish_trajectory": True, "start_enabled": False,
         "watchdog_s": WATCHDOG_S, "max_consecutive_faults": 3, **OVERRIDES,
-    }, domain_id=DOMAIN, env={FAULT_INJECTION_ENV: f"@{faults}"}).start()
+    }, domain_id=DOMAIN, env=fault_env(f"@{faults}")).start()
     yield proc
     proc.stop(signal.SIGKILL if proc.alive else signal.SIGINT, timeout=5)
 

@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from oxygen_ros.msg import ExecutedPlan
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe, header_ns
@@ -81,8 +81,7 @@ class TickRecorder:
         self.lock = threading.Lock()
         self.ticks: list[tuple[int, int, bool, tuple[float, ...]]] = []
         self.diag: dict[str, str] = {}
-        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=2000, reliability=ReliabilityPolicy.RELIABLE)
-        probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos)
+        probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos.reliable(2000))
         probe.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
 
     def _on_tick(self, msg: ExecutedPlan) -> None:

@@ -21,10 +21,10 @@ import rclpy
 from rclpy.context import Context
 from rclpy.node import Node
 from rclpy.publisher import Publisher
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosbags.highlevel import AnyReader
 from rosgraph_msgs.msg import Clock
 
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.stamps import time_msg
 
 __all__ = ["CLOCK_TOPIC", "DEFAULT_LATCHED", "BagReplayer", "ReplayStats", "message_class"]
@@ -136,20 +136,14 @@ class BagReplayer:
             except LookupError as exc:
                 log.warning(f"skipping {topic}: {exc}")
                 continue
-            is_latched = topic in latched
-            qos = QoSProfile(
-                history=HistoryPolicy.KEEP_LAST, depth=depth,
-                reliability=ReliabilityPolicy.BEST_EFFORT if best_effort and not is_latched
-                else ReliabilityPolicy.RELIABLE,
-                durability=DurabilityPolicy.TRANSIENT_LOCAL if is_latched else DurabilityPolicy.VOLATILE,
-            )
-            self._publishers[topic] = self.node.create_publisher(cls, topic, qos)
+            profile = qos.latched(depth) if topic in latched else \
+                qos.best_effort(depth) if best_effort else qos.reliable(depth)
+            self._publishers[topic] = self.node.create_publisher(cls, topic, profile)
             self._connections.extend(conns)
         if not self._publishers:
             raise ValueError("nothing to replay: no selected topic has an importable message type")
         self._clock_pub = (
-            self.node.create_publisher(Clock, CLOCK_TOPIC, QoSProfile(depth=depth,
-                                                                      reliability=ReliabilityPolicy.RELIABLE))
+            self.node.create_publisher(Clock, CLOCK_TOPIC, qos.reliable(depth))
             if clock else None
         )
 

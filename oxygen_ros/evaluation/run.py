@@ -43,8 +43,8 @@ from rosbags.highlevel import AnyReader
 from rosbags.rosbag2 import Writer
 from tqdm import tqdm
 
+from oxygen_ros.policy.hooks import install_runner_hook
 from oxygen_ros.ros.diagnostics import ReasonCounter
-from oxygen_ros.ros.fault_injection import install_from_env
 from oxygen_ros.ros.model_loader import (
     LoadedPolicy,
     build_runner,
@@ -271,8 +271,8 @@ def _evaluate(reader: AnyReader, loaded: LoadedPolicy, out_bag: Path, storage: s
     """The run itself: (log, report sections config / model and the engine's totals, digest)."""
     p, cfg = loaded.params, loaded.policy.model.config
     runner = build_runner(loaded)  # the node's frame: request cadence, noise (seed + frame index), post-processing
-    # TEST-ONLY, as in the node: OXYGEN_ROS_FAULT_INJECTION (e.g. hang:*:0.2, every frame 0.2 s slower); unset: none
-    injector = install_from_env(runner, loaded.policy.model, logger.warning)
+    # TEST-ONLY, as in the node: the runner hook (e.g. fault injection, every frame 0.2 s slower); unset: none
+    injector = install_runner_hook(runner, loaded.policy.model, logger.warning)
     try:
         dt_s = 1.0 / (p.action_rate_hz if p.action_rate_hz > 0 else runner.n_execute * p.control_rate_hz)
         feed = _BagFeed(reader, p, instruction_char_cap(p, loaded.policy), *topics)

@@ -37,15 +37,15 @@ from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus, KeyValue
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
 from rclpy.clock import Clock, ClockType
-from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import JointState
-from std_msgs.msg import Bool, Float64MultiArray, String
+from std_msgs.msg import Bool, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, ExecutedPlan
-from oxygen_ros.ros.limits import JointLimit, UrdfError, joint_limit_names, merge_limits, urdf_limits
+from oxygen_ros.ros import qos
+from oxygen_ros.ros.limits import JointLimit, joint_limit_names, merge_limits
+from oxygen_ros.ros.robot_description import subscribe_robot_description
 from oxygen_ros.ros.safety import NewestPerPublisher
 
 from .aggregation import parse_aggregate
@@ -107,20 +107,14 @@ class ExecutorNode(LifecycleNode):
         self._newest_halt = NewestPerPublisher()
 
         inputs, tick_group = MutuallyExclusiveCallbackGroup(), MutuallyExclusiveCallbackGroup()
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE)
-        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
-        self.create_subscription(ActionChunk, p.chunk_topic, self._on_chunk, volatile, callback_group=inputs)
-        self.create_subscription(JointState, p.joint_states_topic, self._on_joints,
-                                 QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT),
+        self.create_subscription(ActionChunk, p.chunk_topic, self._on_chunk, qos.reliable(), callback_group=inputs)
+        self.create_subscription(JointState, p.joint_states_topic, self._on_joints, qos.best_effort(),
                                  callback_group=inputs)
-        self.create_subscription(Bool, p.halt_topic, self._on_halt, latched, callback_group=inputs,
-                                 event_callbacks=quiet)
-        self.create_subscription(Bool, p.halt_topic, self._on_halt, volatile, callback_group=inputs)
+        qos.subscribe_latched_and_volatile(self, Bool, p.halt_topic, self._on_halt, inputs)
         if p.limits_robot_description:
-            self.create_subscription(String, p.limits_robot_description, self._on_robot_description, latched,
-                                     callback_group=inputs)
+            subscribe_robot_description(
+                self, p.limits_robot_description, self._apply_urdf,
+                lambda error: self.get_logger().error(f"robot_description not used: {error}"), inputs)
         self._out_pub = self.create_publisher(_OUTPUT_TYPES[p.output], p.output_topic, 10)
         self._executed_pub = self.create_publisher(ExecutedPlan, EXECUTED_TOPIC, 10)
         self._diag_pub = self.create_publisher(DiagnosticArray, "/diagnostics", 10)
@@ -279,16 +273,11 @@ class ExecutorNode(LifecycleNode):
             log.warning("halt: holding the current setpoint") if msg.data else \
                 log.info("halt released: the next chunk observed from now on starts from the measured position")
 
-    def _on_robot_description(self, msg: String) -> None:
-        try:
-            robot, limits, notes = urdf_limits(msg.data)
-        except UrdfError as e:
-            self.get_logger().error(f"robot_description not used: {e}")
-            return
+    def _apply_urdf(self, robot: str, limits: dict[str, JointLimit]) -> str:
         with self._lock:
             self._urdf, self._robot = limits, robot
             self.streamer.set_limits(merge_limits(limits, self.params.joint_limits))
-        self.get_logger().info(f"robot_description: URDF {robot!r}, limits for {len(limits)} joints")
+        return f"limits for {len(limits)} joints"
 
     def _measured(self, now_ns: int) -> np.ndarray | None:
         names = self.streamer.names

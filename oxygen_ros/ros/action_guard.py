@@ -15,18 +15,18 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticStatus
 from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup
-from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
-from std_msgs.msg import Bool, String
+from std_msgs.msg import Bool
 from std_srvs.srv import SetBool
 
 from oxygen_ros.policy.runner import ChunkOutput
 
+from . import qos
 from .diagnostics import NodeStats
-from .limits import ActionLimiter, UrdfError, urdf_limits
+from .limits import ActionLimiter, JointLimit
 from .observation_builder import InputStore
 from .params import NodeParams, joint_limit_names
+from .robot_description import subscribe_robot_description
 from .safety import ActionGate, FrameWatchdog, NewestPerPublisher
 
 __all__ = ["ENABLE_SERVICE", "HALT_TOPIC", "ActionGuard", "limit_parameters"]
@@ -69,19 +69,14 @@ class ActionGuard:
         self.gate = ActionGate(p.start_enabled, self._now_ns())
         self.watchdog = FrameWatchdog(p.watchdog_limit_s)
         group = MutuallyExclusiveCallbackGroup()
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.VOLATILE)
-        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)  # volatile publishers: expected
         self._newest_halt = NewestPerPublisher()  # a latched halt arrives on both subscriptions
         self._service = node.create_service(SetBool, ENABLE_SERVICE, self._on_enable, callback_group=group)
-        self._subscriptions = [  # halt: a latched publisher's last message, and volatile publishers
-            node.create_subscription(Bool, HALT_TOPIC, self._on_halt, latched, callback_group=group,
-                                     event_callbacks=quiet),
-            node.create_subscription(Bool, HALT_TOPIC, self._on_halt, volatile, callback_group=group)]
+        # halt: a latched publisher's last message, and volatile publishers
+        self._subscriptions = qos.subscribe_latched_and_volatile(node, Bool, HALT_TOPIC, self._on_halt, group)
         if p.limits_robot_description:
-            self._subscriptions.append(node.create_subscription(
-                String, p.limits_robot_description, self._on_robot_description, latched, callback_group=group))
+            self._subscriptions.append(subscribe_robot_description(
+                node, p.limits_robot_description, self._apply_urdf,
+                lambda error: self._stats.rejected_inputs.add("robot_description_invalid", error), group))
         if not p.start_enabled:
             self._log.info(f"start_enabled is false: no action chunk is published until "
                            f"{node.resolve_service_name(ENABLE_SERVICE)} is called with true")
@@ -116,17 +111,11 @@ class ActionGuard:
         elif changed:
             self._log.info("halt released: chunks observed from now on are published")
 
-    def _on_robot_description(self, msg: String) -> None:
-        try:
-            robot, limits, notes = urdf_limits(msg.data)
-        except UrdfError as e:  # the previous limits stay
-            self._stats.rejected_inputs.add("robot_description_invalid", str(e))
-            return
+    def _apply_urdf(self, robot: str, limits: dict[str, JointLimit]) -> str:
         uncovered = self.limiter.set_urdf(limits, robot)
         covered = len(self.limiter.names) - len(uncovered)
-        self._log.info(f"robot_description: URDF {robot!r}, limits for {covered} of {len(self.limiter.names)} "
-                       f"action joints" + (f"; none for {uncovered}" if uncovered else "")
-                       + (f" ({'; '.join(notes)})" if notes else ""))
+        return f"limits for {covered} of {len(self.limiter.names)} action joints" + \
+            (f"; none for {uncovered}" if uncovered else "")
 
     # ------------------------------------------------------------------------------------------ frames
     def frame_began(self) -> None:

@@ -64,7 +64,7 @@ from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallb
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
+from rclpy.qos import QoSProfile
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -72,13 +72,14 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.msg import ActionChunk, ExecutedPlan, LanguageOutput
 from oxygen_ros.policy.coverage import CoverageWatch, coverage_warning
+from oxygen_ros.policy.hooks import install_runner_hook
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
 
+from . import qos
 from .action_guard import ActionGuard, limit_parameters
 from .ask_server import AskServer
 from .diagnostics import CameraWatch, NodeStats
 from .executed_plan import ExecutedPlanInput
-from .fault_injection import install_from_env
 from .model_loader import (
     LoadedPolicy,
     action_period_s,
@@ -251,7 +252,7 @@ class OxygenNode(LifecycleNode):
             self._run = self._run_server(p)
         self._faults.reset(p.max_consecutive_faults)
         self._fault_pending = False
-        install_from_env(self._runner, loaded.policy.model, self.get_logger().warning)  # tests only (unset: no-op)
+        install_runner_hook(self._runner, loaded.policy.model, self.get_logger().warning)  # tests only (unset: none)
 
     def _run_server(self, p: NodeParams) -> RunTaskServer:
         """The ``~/run`` action server, wired to the gate, the input store and the stats."""
@@ -324,14 +325,10 @@ class OxygenNode(LifecycleNode):
                                          max_image_age_s=p.max_image_age_s)
         self._builder = ObservationBuilder(store, policy, p.max_image_age_s, p.max_joint_age_s,
                                            max_camera_skew_s=p.max_camera_skew_s)
-        reliability = ReliabilityPolicy.BEST_EFFORT if p.camera_reliability == "best_effort" \
-            else ReliabilityPolicy.RELIABLE
-        camera_qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1, reliability=reliability,
-                                durability=DurabilityPolicy.VOLATILE)
+        camera_qos = qos.camera(p.camera_reliability == "best_effort")
         self._input_subs += self._camera_subscriptions(p, store, camera_qos)
-        joint_qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches any publisher
-        self._input_subs.append(self.create_subscription(
-            JointState, "joint_states", self._safe(store.on_joint_state, "joint_state_callback"), joint_qos,
+        self._input_subs.append(self.create_subscription(  # best effort: matches any publisher
+            JointState, "joint_states", self._safe(store.on_joint_state, "joint_state_callback"), qos.best_effort(),
             callback_group=self._input_group))
         self._input_subs += self._instruction_subscriptions(store)
         if p.rtc_enabled and p.rtc_remainder_source == "executor":
@@ -355,15 +352,14 @@ class OxygenNode(LifecycleNode):
             self._loaded.policy.spec.chunk_size, lambda: self.get_clock().now().nanoseconds,
             self.stats.rejected_inputs.add)
         runner.executed_remainder = executed.remainder
-        qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.BEST_EFFORT)  # matches any publisher
-        return self.create_subscription(ExecutedPlan, p.rtc_executor_topic,
-                                        self._safe(executed.on_plan, "executed_plan_callback"), qos,
+        return self.create_subscription(ExecutedPlan, p.rtc_executor_topic,  # best effort: matches any publisher
+                                        self._safe(executed.on_plan, "executed_plan_callback"), qos.best_effort(),
                                         callback_group=self._input_group)
 
     def _instruction_subscriptions(self, store: InputStore) -> list:
-        """Two subscriptions to ``instruction``: a transient-local one receives the instruction a latched publisher
-        sent before this node started (restarts, late joining); a volatile one receives volatile publishers, which
-        a transient-local subscription cannot match. The store drops the duplicates."""
+        """Latched and volatile subscriptions to ``instruction`` (:func:`.qos.subscribe_latched_and_volatile`): the
+        instruction a latched publisher sent before this node started, and volatile publishers. The store drops
+        the duplicates."""
         def on_instruction(msg: String, info: dict) -> None:
             try:
                 store.on_instruction(msg, info)
@@ -371,16 +367,9 @@ class OxygenNode(LifecycleNode):
                 self.stats.errors.add("instruction_callback", f"{type(e).__name__}: {e}")
 
         group = MutuallyExclusiveCallbackGroup()  # one instruction at a time: the newest applied last
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
-        volatile = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE,
-                              durability=DurabilityPolicy.VOLATILE)
-        quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)  # volatile publishers: expected
-        return [self.create_subscription(String, "instruction", on_instruction, latched, callback_group=group,
-                                         event_callbacks=quiet),
-                self.create_subscription(String, "instruction", on_instruction, volatile, callback_group=group)]
+        return qos.subscribe_latched_and_volatile(self, String, "instruction", on_instruction, group)
 
-    def _camera_subscriptions(self, p: NodeParams, store: InputStore, qos: QoSProfile) -> list:
+    def _camera_subscriptions(self, p: NodeParams, store: InputStore, profile: QoSProfile) -> list:
         """One subscription per camera; its incompatible-QoS and message-lost events are counted and logged
         (CameraWatch)."""
         topics = [self.resolve_topic_name(p.camera_topic(i)) for i in range(len(p.camera_names))]
@@ -395,7 +384,7 @@ class OxygenNode(LifecycleNode):
                     "camera_qos_event"),
                 message_lost=self._safe(lambda event, i=i: watch.on_message_lost(i, event.total_count_change),
                                         "camera_lost_event"))
-            subs.append(self.create_subscription(kind, p.camera_topic(i), cb, qos, callback_group=self._input_group,
+            subs.append(self.create_subscription(kind, p.camera_topic(i), cb, profile, callback_group=self._input_group,
                                                  event_callbacks=events))
         return subs
 
@@ -754,12 +743,3 @@ class OxygenNode(LifecycleNode):
                 self.get_logger().debug(traceback.format_exc())
 
         return wrapped
-
-
-if __name__ == "__main__":  # the module path documented before oxygen_ros.ros.main: still starts the node
-    import runpy
-    import sys
-
-    print("note: `python -m oxygen_ros.ros.node` is the old command; use `python -m oxygen_ros.ros` "
-          "(or `oxygen-node`, `ros2 run oxygen_ros oxygen_node`)", file=sys.stderr)
-    runpy.run_module("oxygen_ros.ros", run_name="__main__", alter_sys=True)  # exactly `python -m oxygen_ros.ros`

@@ -21,10 +21,10 @@ import numpy as np
 import rclpy
 from rclpy.context import Context
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.stamps import time_msg
 
@@ -98,9 +98,8 @@ class CameraStreamer:
             rclpy.init(context=self._context, domain_id=domain_id)
             node = Node(name, context=self._context)
         self.node = node
-        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=1,
-                         reliability=ReliabilityPolicy.BEST_EFFORT if best_effort else ReliabilityPolicy.RELIABLE)
-        self._pubs = [node.create_publisher(CompressedImage if s.compressed else Image, s.topic, qos)
+        profile = qos.camera(best_effort)
+        self._pubs = [node.create_publisher(CompressedImage if s.compressed else Image, s.topic, profile)
                       for s in self.specs]
         self._frames = [make_frames(s, frames, seed=i) for i, s in enumerate(self.specs)]
         self.sent = [0] * len(self.specs)
@@ -169,11 +168,9 @@ class JointStreamer:
 
     def __init__(self, node: Node, names: Sequence[str], rate_hz: float, instruction: str = "") -> None:
         self.node, self.names = node, list(names)
-        self._pub = node.create_publisher(JointState, "joint_states", QoSProfile(depth=10))
+        self._pub = node.create_publisher(JointState, "joint_states", qos.reliable())
         if instruction:
-            latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                                 durability=DurabilityPolicy.TRANSIENT_LOCAL)
-            node.create_publisher(String, "instruction", latched).publish(String(data=instruction))
+            node.create_publisher(String, "instruction", qos.latched()).publish(String(data=instruction))
         self.sent = 0
         self._period = 1.0 / rate_hz
         self._stop = threading.Event()

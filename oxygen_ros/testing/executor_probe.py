@@ -18,13 +18,13 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, HistoryPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, ExecutedPlan
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.stamps import duration_msg, time_msg
 
 from .probe import joint_state_msg, wait_for
@@ -62,11 +62,10 @@ class ExecutorProbe:
         self.executed: list[tuple[float, ExecutedPlan]] = []
         self.diagnostics: dict[str, str] = {}
         self.diagnostic_message = ""
-        keep_all = QoSProfile(history=HistoryPolicy.KEEP_ALL, reliability=ReliabilityPolicy.RELIABLE)
+        keep_all = qos.keep_all()
         self.chunk_pub = n.create_publisher(ActionChunk, chunk_topic, 10)
         self.joint_pub = n.create_publisher(JointState, "/joint_states", 10)
-        latched = QoSProfile(depth=1, reliability=ReliabilityPolicy.RELIABLE,
-                             durability=DurabilityPolicy.TRANSIENT_LOCAL)
+        latched = qos.latched()
         self.halt_pub = n.create_publisher(Bool, halt_topic, latched)  # matches both of the executor's
         self.urdf_pub = n.create_publisher(String, "/robot_description", latched)
         n.create_subscription(OUTPUT_TYPES[output], output_topic, self._record(self.outputs), keep_all)

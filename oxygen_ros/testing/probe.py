@@ -19,12 +19,12 @@ from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.context import Context
 from rclpy.executors import SingleThreadedExecutor
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.world.synthetic import joint_state, render_scene
@@ -91,15 +91,13 @@ class Probe:
         self.node = Node(name, context=self.context)
         self.received = Received()
         self._lock = threading.Lock()
-        cam_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT if best_effort
-                             else ReliabilityPolicy.RELIABLE)
+        cam_qos = qos.camera(best_effort)
         n = self.node
         self.camera_pubs = {cam: n.create_publisher(CompressedImage if cam in self.compressed else Image, topic,
                                                     cam_qos) for cam, topic in self.cameras}
         ns = "/" + inputs_ns.strip("/") if inputs_ns.strip("/") else ""
         self.joint_pub = n.create_publisher(JointState, f"{ns}/joint_states", 10)
-        self.instruction_pub = n.create_publisher(String, f"{ns}/instruction", QoSProfile(
-            depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self.instruction_pub = n.create_publisher(String, f"{ns}/instruction", qos.latched())
         n.create_subscription(ActionChunk, f"{node}/action_chunk", self._record("chunks"), 100)
         n.create_subscription(LanguageOutput, f"{node}/language_output", self._record("language"), 100)
         n.create_subscription(JointTrajectory, trajectory_topic or f"{node}/trajectory",

@@ -1,8 +1,10 @@
 """TEST-ONLY fault injection: makes the node's model raise, produce NaN actions or hang inside a frame, so that the
 node's fault handling can be tested over real DDS (``test/test_safety.py``).
 
-It is active only when the environment variable ``OXYGEN_ROS_FAULT_INJECTION`` is set in the node's process (no
-parameter can turn it on); the node then logs a warning at configure. Unset, nothing is installed and nothing runs.
+No production module imports it: a test installs it through the runner hook (:mod:`oxygen_ros.policy.hooks`), by
+setting the environment of the node's process to :func:`fault_env` (``OXYGEN_ROS_RUNNER_HOOK`` naming this module
+and ``OXYGEN_ROS_FAULT_INJECTION`` the program; no parameter can turn it on). The node then logs a warning at
+configure.
 
 The value is a program of comma-separated phases, run frame by frame (a frame = one ``FrameRunner.step``):
 
@@ -28,7 +30,9 @@ from typing import Any
 
 import torch
 
-__all__ = ["FAULT_INJECTION_ENV", "FaultInjector", "Phase", "install_from_env", "parse_program"]
+from oxygen_ros.policy.hooks import RUNNER_HOOK_ENV
+
+__all__ = ["FAULT_INJECTION_ENV", "FaultInjector", "Phase", "fault_env", "install", "parse_program"]
 
 FAULT_INJECTION_ENV = "OXYGEN_ROS_FAULT_INJECTION"
 KINDS = ("pass", "raise", "nan", "hang")
@@ -131,8 +135,14 @@ class FaultInjector:
 _INJECTOR: FaultInjector | None = None
 
 
-def install_from_env(runner: Any, model: torch.nn.Module, log: Callable[[str], None]) -> FaultInjector | None:
-    """Install the process's injector when ``OXYGEN_ROS_FAULT_INJECTION`` is set (logging a warning); else None."""
+def fault_env(program: str) -> dict[str, str]:
+    """The environment that installs the injector running ``program`` (a program or ``@/path/file``)."""
+    return {RUNNER_HOOK_ENV: __name__, FAULT_INJECTION_ENV: program}
+
+
+def install(runner: Any, model: torch.nn.Module, log: Callable[[str], None]) -> FaultInjector | None:
+    """The runner hook: install the process's injector when ``OXYGEN_ROS_FAULT_INJECTION`` is set (logging a
+    warning); else None."""
     global _INJECTOR
     spec = os.environ.get(FAULT_INJECTION_ENV, "")
     if not spec:
