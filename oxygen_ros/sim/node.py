@@ -33,7 +33,6 @@ on ``/clock`` before each step's observation and stamps everything the simulator
 from __future__ import annotations
 
 import json
-import signal
 import sys
 import threading
 from collections import deque
@@ -41,16 +40,15 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
-import rclpy
-from rclpy.executors import ExternalShutdownException
 from rclpy.node import Node
-from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import Image, JointState
 from std_msgs.msg import Float64MultiArray, String
 
 from oxygen_ros.msg import ActionChunk, LanguageOutput
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.image_conversion import array_to_image_msg
+from oxygen_ros.ros.process import run_node
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 
@@ -110,15 +108,12 @@ class TabletopSimNode(Node):
         self._last_instruction_ns = 0
         self.last_memory: tuple[str, str] | None = None  # (text, truth) of the newest scored memory
 
-        sensor_qos = QoSProfile(depth=1, reliability=ReliabilityPolicy.BEST_EFFORT)
-        self._image_pubs = {c: self.create_publisher(Image, f"cameras/{c}/image_raw", sensor_qos) for c in CAMERAS}
-        self._clock_pub = self.create_publisher(Clock, "/clock", QoSProfile(
-            depth=1, reliability=ReliabilityPolicy.RELIABLE)) if self.publish_clock else None
+        self._image_pubs = {c: self.create_publisher(Image, f"cameras/{c}/image_raw", qos.camera()) for c in CAMERAS}
+        self._clock_pub = self.create_publisher(Clock, "/clock", qos.reliable(1)) if self.publish_clock else None
         self._joint_pub = self.create_publisher(JointState, "joint_states", 10)
         # latched (transient local, as robot_state_publisher's URDF): a node that starts or restarts later gets the
         # episode's instruction at once, volatile subscribers match too
-        self._instruction_pub = self.create_publisher(String, "instruction", QoSProfile(
-            depth=1, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL))
+        self._instruction_pub = self.create_publisher(String, "instruction", qos.latched())
         self._event_pub = self.create_publisher(String, "~/events", 10)
         self.setpoint_topic, setpoint_type = str(get("setpoint_topic").value), str(get("setpoint_type").value)
         if setpoint_type not in SETPOINT_TYPES:
@@ -306,28 +301,12 @@ class TabletopSimNode(Node):
 
 
 def main(args: list[str] | None = None) -> int:
-    """Run the simulator until shut down (or until ``max_episodes`` are done)."""
-    argv = list(args if args is not None else sys.argv)
-    own = argv[1:argv.index("--ros-args")] if "--ros-args" in argv else argv[1:]
-    if {"-h", "--help"} & set(own):
-        print(__doc__.strip())
-        return 0
-    rclpy.init(args=argv)
-    node = TabletopSimNode()
-    try:
-        while rclpy.ok() and not node.finished:
-            rclpy.spin_once(node, timeout_sec=0.1)
-    except (KeyboardInterrupt, ExternalShutdownException):  # Ctrl-C: rclpy's handler shuts the context down
-        pass
-    finally:
+    """Run the simulator until SIGINT/SIGTERM or until ``max_episodes`` are done (:func:`.process.run_node`)."""
+    def done(node: TabletopSimNode) -> None:
         node.get_logger().info(f"done: {node.counters.summary()}")
-        node.destroy_node()
-        if rclpy.ok():
-            rclpy.try_shutdown()
-        # a second Ctrl-C (the terminal's, forwarded again by `ros2 launch`) must not kill the exiting interpreter
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return 0
 
+    return run_node(TabletopSimNode, args=args, help_text=__doc__ or "", finished=lambda node: node.finished,
+                    on_stopped=done)
 
 if __name__ == "__main__":
     sys.exit(main())
