@@ -1,4 +1,4 @@
-"""The executor's command loops side by side, in one run (issue 39): the rclpy timer (``loop: timer``), the loop
+"""The executor's command loops side by side, in one run: the rclpy timer (``loop: timer``), the loop
 thread (``loop: thread``) and the loop thread at ``rt.priority`` (SCHED_FIFO on that thread only), each at 100 Hz
 and 500 Hz, idle (the executor alone) and under the soak load (the node, two 640x480 30 Hz cameras and joint
 states from another process). Interleaved: every configuration once per repeat, in the listed order.
@@ -27,9 +27,9 @@ from typing import Any
 
 import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.qos import HistoryPolicy, QoSProfile, ReliabilityPolicy
 
 from oxygen_ros.msg import ExecutedPlan
+from oxygen_ros.ros import qos
 from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe
@@ -68,8 +68,7 @@ class _Recorder:
         self.lock = threading.Lock()
         self.ticks: list[tuple[int, int]] = []  # (stamp, receipt) ns, system clock
         self.diag: dict[str, str] = {}
-        qos = QoSProfile(history=HistoryPolicy.KEEP_LAST, depth=5000, reliability=ReliabilityPolicy.RELIABLE)
-        probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos)
+        probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos.reliable(5000))
         probe.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
 
     def _on_tick(self, msg: ExecutedPlan) -> None:

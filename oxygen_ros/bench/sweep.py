@@ -6,7 +6,7 @@
 Suites (``--suite``, several allowed; ``all`` = every suite). N = tokens per request, k = decode budget per frame,
 S = denoise steps, E = action experts; libero preset and S = 10 unless a suite varies them:
 
-  headline  N=30: isolated, oxygen k=1, k=5; N=5: isolated, shared_kv (issue targets; scripts/gpu_bench.sh)
+  headline  N=30: isolated, oxygen k=1, k=5; N=5: isolated, shared_kv (the headline targets; scripts/gpu_bench.sh)
   tradeoff  action Hz vs tokens/s, isolated and oxygen k in {1,5,10} across N (Fig 4)
   speedup   oxygen vs isolated at N=30 across presets x S x k (Fig 5); full mode adds k=5 across N (Fig 10)
   ablation  isolated / shared_kv / oxygen k=5 across N, plus the no-language oracle: frames with no requests (Fig 6)
@@ -137,3 +137,7 @@ def main(argv: list[str] | None = None) -> dict | None:
     print(table)
     print(f"wrote {args.out / 'points.jsonl'}, summary.json, summary.md and {len(plots)} plots")
     return summary
+
+
+if __name__ == "__main__":
+    main()
