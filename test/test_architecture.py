@@ -33,6 +33,7 @@ def test_the_layers_hold() -> None:
     ("util/_probe.py", "import oxygen_ros.engine\n", "util (host facts, percentiles) imports nothing else"),
     ("policy/_probe.py", "from oxygen_ros.ros import params\n", "policy imports only the engine"),
     ("world/_probe.py", "import oxygen_ros.engine\n", "the world is plain numpy"),
+    ("params/_probe.py", "from oxygen_ros.ros import limits\n", "params (the one parameter schema) imports nothing"),
     ("serve/_probe.py", "from oxygen_ros.ros import params\n", "serve (the openpi-protocol server) imports only"),
     ("bench/_probe.py", "import oxygen_ros.tools.profile\n", "nothing imports tools/"),
     ("engine/_probe.py", "import oxygen_ros.bench\n", "no import cycles between sibling modules"),

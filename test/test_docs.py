@@ -67,6 +67,18 @@ def test_parameter_page_is_generated_from_the_parameters() -> None:
         f"oxygen_ros/policy/options.py; regenerate it with `{REGENERATE}` and commit the result")
 
 
+def test_executor_parameter_table_is_generated_from_the_parameters() -> None:
+    from oxygen_ros.executor import param_docs
+    from oxygen_ros.executor.params import EXECUTOR_PARAMS
+
+    committed = param_docs.DOC_PATH.read_text()
+    assert committed == param_docs.render(committed), (
+        f"docs/executor.md's parameter table differs from what its generator writes from "
+        f"oxygen_ros/executor/params.py; regenerate it with `{param_docs.REGENERATE}` and commit the result")
+    missing = [p.name for p in EXECUTOR_PARAMS if f"| `{p.name}` |" not in committed]
+    assert not missing, f"executor parameters missing from docs/executor.md: {missing}"
+
+
 def test_the_parameter_page_lists_every_parameter() -> None:
     from oxygen_ros.ros.params import PARAMS, STREAM_PARAMS
 

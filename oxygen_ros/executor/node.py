@@ -45,6 +45,7 @@ from trajectory_msgs.msg import JointTrajectory
 from oxygen_ros.msg import ActionChunk, ExecutedPlan
 from oxygen_ros.ros import qos
 from oxygen_ros.ros.limits import JointLimit, joint_limit_names, merge_limits
+from oxygen_ros.ros.param_io import declare_specs, read_specs_of
 from oxygen_ros.ros.robot_description import subscribe_robot_description
 from oxygen_ros.ros.safety import NewestPerPublisher
 
@@ -74,11 +75,8 @@ class ExecutorNode(LifecycleNode):
 
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
         super().__init__(node_name, **kwargs)
-        for spec in EXECUTOR_PARAMS:
-            self.declare_parameter(spec.name, spec.ros_default, ParameterDescriptor(
-                description=spec.description, additional_constraints=f"type: {spec.type_name}",
-                dynamic_typing=True))
-        values = {spec.name: self.get_parameter(spec.name).value for spec in EXECUTOR_PARAMS}
+        declare_specs(self, EXECUTOR_PARAMS)
+        values = read_specs_of(self, EXECUTOR_PARAMS)
         for name in joint_limit_names(getattr(self, "_parameter_overrides", {})):
             self.declare_parameter(name, None, ParameterDescriptor(
                 description="joint limit (limits.<joint>.min / .max / .max_velocity / .max_acceleration)",

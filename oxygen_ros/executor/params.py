@@ -1,5 +1,6 @@
-"""The executor's parameters, each declared once as a field of :class:`ExecutorParams` (type, default, help,
-choices, minimum: the node's scheme, ros/params.py), and the joint limit parameters ``limits.<joint>.min / .max /
+"""The executor's parameters, each declared once as a field of :class:`ExecutorParams` with the package's one
+schema (:mod:`oxygen_ros.params`); those it shares with the node (action rate and names, joint age, limits.*) are the
+node's own declarations (:mod:`oxygen_ros.params.robot`). Also the joint limit parameters ``limits.<joint>.min / .max /
 .max_velocity / .max_acceleration`` parsed by the node's own function (:func:`oxygen_ros.ros.limits.
 parse_limit_parameters`), so one preset file serves both. :func:`validate` reports every problem at once; no ROS
 graph needed. Nothing here imports torch (the executor's process stays small and starts fast).
@@ -7,11 +8,11 @@ graph needed. Nothing here imports torch (the executor's process stays small and
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from oxygen_ros.params import ParamError, ParamSpec, param, read_specs, robot_param, specs_of
 from oxygen_ros.ros.limits import joint_limit_names, parse_limit_parameters
 
 from .aggregation import AGGREGATE_NAMES, parse_aggregate
@@ -26,66 +27,6 @@ OUTPUTS = ("float64_array", "joint_state", "trajectory")
 LOOPS = ("thread", "timer")
 
 
-class ParamError(ValueError):
-    """Invalid parameters; ``problems`` lists one message per offending parameter."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("invalid parameters:\n  - " + "\n  - ".join(self.problems))
-
-
-def param(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
-          ros_name: str | None = None) -> Any:
-    """A parameter field: default, help and its one-field checks (``ros_name``: a group's ``<group>.<name>``)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
-                                            "ros_name": ros_name})
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One declared parameter: ROS name, kind (bool, float, str or 'str[]'), default, description, checks."""
-
-    name: str
-    kind: Any
-    default: Any
-    description: str
-    choices: tuple[str, ...] | None = None
-    minimum: float | None = None
-    attr: str = ""
-
-    @property
-    def type_name(self) -> str:
-        return self.kind if isinstance(self.kind, str) else self.kind.__name__
-
-    @property
-    def ros_default(self) -> Any:
-        return list(self.default) if isinstance(self.default, tuple) else self.default
-
-    def check(self, value: Any) -> tuple[Any, str | None]:
-        """(the value as this type, None) or (None, the problem)."""
-        got = f"got {type(value).__name__} {value!r}"[:160]
-        if self.kind is bool:
-            ok = isinstance(value, bool)
-        elif self.kind is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        elif self.kind is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-            value = float(value) if ok else value
-        elif self.kind is str:
-            ok = isinstance(value, str)
-        else:  # str[]: a YAML [] arrives unset (None)
-            value = () if value is None else tuple(value.tolist() if hasattr(value, "tolist") else value) \
-                if isinstance(value, (list, tuple)) or hasattr(value, "tolist") else value
-            ok = isinstance(value, tuple) and all(isinstance(v, str) for v in value)
-        if not ok:
-            return None, f"{self.name}: expected {self.type_name}, {got}"
-        if self.choices is not None and value not in self.choices:
-            return None, f"{self.name}: must be one of {', '.join(self.choices)}; got {value!r}"
-        if self.minimum is not None and value < self.minimum:
-            return None, f"{self.name}: must be >= {self.minimum}; got {value}"
-        return value, None
-
-
 @dataclass(frozen=True)
 class ExecutorParams:
     """Validated executor parameters (docs/executor.md has the table)."""
@@ -93,9 +34,7 @@ class ExecutorParams:
     command_rate_hz: float = param(0.0,
         'Setpoints per second (the controller\'s rate); 0 = action_rate_hz, else 1 / ActionChunk.dt of the first '
         'chunk.', minimum=0.0)
-    action_rate_hz: float = param(0.0,
-        "The node's action_rate_hz (read from the same preset file when given one): the default command rate.",
-        minimum=0.0)
+    action_rate_hz: float = robot_param('action_rate_hz')
     chunk_topic: str = param('oxygen/action_chunk',
         "The node's ActionChunk topic (relative: follows the namespace; the node's ~/action_chunk).")
     halt_topic: str = param('oxygen/halt',
@@ -128,18 +67,11 @@ class ExecutorParams:
     joint_map: tuple[str, ...] = param((),
         "Renames 'action:joint' from the chunk's action names to the robot's joint names (outputs, joint_states, "
         'limits); unnamed actions keep their names.')
-    action_names: tuple[str, ...] = param((),
-        "Names of the actions when a chunk carries none (ActionChunk.joint_names empty).")
-    max_joint_age_s: float = param(0.5,
-        'A measured position older than this is not used to start from (0 = any age).', minimum=0.0)
-    limits_robot_description: str = param('robot_description',
-        "Topic of the URDF (std_msgs/String, transient local) whose joint limits apply; '' = parameters only.",
-        ros_name='limits.robot_description')
-    limits_required: bool = param(False,
-        'Command nothing while a joint has no limit at all (real robots: true).', ros_name='limits.required')
-    autostart: bool = param(True,
-        'Configure and activate at startup (as the node does); false: wait for lifecycle transitions (a '
-        'lifecycle manager, ros2 lifecycle set).')
+    action_names: tuple[str, ...] = robot_param('action_names')
+    max_joint_age_s: float = robot_param('max_joint_age_s')
+    limits_robot_description: str = robot_param('limits_robot_description')
+    limits_required: bool = robot_param('limits_required')
+    autostart: bool = robot_param('autostart')
     deactivate_hold_s: float = param(0.1,
         'On deactivate: the setpoint is held (published unchanged) this long, then publishing stops.',
         minimum=0.0)
@@ -169,11 +101,7 @@ class ExecutorParams:
         return dict(item.split(":", 1) for item in self.joint_map)
 
 
-_KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": "str[]"}
-EXECUTOR_PARAMS: tuple[ParamSpec, ...] = tuple(
-    ParamSpec(f.metadata["ros_name"] or f.name, _KINDS[str(f.type)], f.default, f.metadata["help"],
-              f.metadata["choices"], f.metadata["minimum"], attr=f.name)
-    for f in dataclasses.fields(ExecutorParams) if f.name != "joint_limits")
+EXECUTOR_PARAMS: tuple[ParamSpec, ...] = specs_of(ExecutorParams, skip=("joint_limits",))
 
 
 def validate(values: Mapping[str, Any]) -> ExecutorParams:
@@ -183,19 +111,7 @@ def validate(values: Mapping[str, Any]) -> ExecutorParams:
     Raises:
         ParamError: listing every problem, each starting with the parameter's name.
     """
-    problems: list[str] = []
-    out: dict[str, Any] = {}
-    for spec in EXECUTOR_PARAMS:
-        raw = values.get(spec.name, spec.default)
-        if "." in spec.name and spec.name not in values:  # a YAML file's nested group: limits: {required: ...}
-            group, name = spec.name.split(".", 1)
-            nested = values.get(group)
-            raw = nested.get(name, spec.default) if isinstance(nested, Mapping) else spec.default
-        value, problem = spec.check(raw)
-        if problem:
-            problems.append(problem)
-            value = spec.default
-        out[spec.attr] = value
+    out, problems = read_specs(EXECUTOR_PARAMS, values)
     limits_values = {k: v for k, v in values.items() if k in joint_limit_names(values)}
     nested = values.get("limits")
     if isinstance(nested, Mapping):

@@ -3,8 +3,8 @@ streams and the questions. The ROS node declares them as parameters (``oxygen_ro
 its fields from here with :func:`shared`) and ``oxygen-serve`` as command-line flags (``oxygen_ros.serve.options``),
 with the same names, defaults, help and checks.
 
-A field's metadata (:func:`param`) carries its help and the checks that apply to it alone (``choices``, ``minimum``,
-``positive``) and, for a group's field, its ROS name (``ask.max_new_tokens``).
+A field's metadata (:func:`oxygen_ros.params.param`, the one schema) carries its help and the checks that apply to
+it alone (``choices``, ``minimum``, ``positive``) and, for a group's field, its ROS name (``ask.max_new_tokens``).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from oxygen_ros.engine.kernel_choice import KERNEL_CHOICES
 from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.observation import PREFILL_LAYOUTS
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
+from oxygen_ros.params import param
 
 from .runner import TRIGGERS
 
@@ -25,15 +26,6 @@ __all__ = ["DTYPES", "NORMALIZATIONS", "REQUEST_TASKS", "RunnerParams", "StreamP
 NORMALIZATIONS = ("auto", "none", "quantile", "mean_std")
 DTYPES = ("auto", "float32", "bfloat16", "bfloat16_islands", "bfloat16_lerobot", "float16")
 REQUEST_TASKS = (*LANGUAGE_TEMPLATES, CUSTOM_TASK)
-
-
-def param(default: Any, help: str, *, choices: tuple[str, ...] | None = None, minimum: float | None = None,
-          positive: bool = False, ros_name: str | None = None) -> Any:
-    """An option field: default, help text and the checks that apply to it alone (the node's ``validate``, the
-    server's flags). ``ros_name``: the ROS parameter's name when it is not the field's (a group's
-    ``<group>.<name>``, e.g. ``ask.*``)."""
-    return field(default=default, metadata={"help": help, "choices": choices, "minimum": minimum,
-                                            "positive": positive, "ros_name": ros_name})
 
 
 @dataclass(frozen=True)

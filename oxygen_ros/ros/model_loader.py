@@ -22,10 +22,12 @@ from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.engine.rtc import RTCConfig
 from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
 from oxygen_ros.policy import Policy, SpecOptions, load_policy
+from oxygen_ros.policy.configure import engine_config as shared_engine_config
+from oxygen_ros.policy.configure import language_schedules
 from oxygen_ros.policy.device import resolve_device, resolve_precision
 from oxygen_ros.policy.policy import with_action_dims
 from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
+from oxygen_ros.policy.runner import FrameRunner, seeded_noise
 
 from .params import NodeParams
 
@@ -173,14 +175,10 @@ def instruction_char_cap(p: NodeParams, policy: Policy) -> int:
 
 def engine_config(p: NodeParams, eos_id: int, max_inflight: int | None = None,
                   rtc: RTCConfig | None = None) -> EngineConfig:
-    """The engine configuration the parameters describe (``rtc``: :func:`rtc_config`)."""
-    prompt_tokens = max(p.max_prompt_tokens, p.ask_max_prompt_tokens if p.ask_enabled else 0)  # questions too
-    return EngineConfig(mode=p.mode, num_steps=p.num_steps, k="auto" if p.k_auto else p.k,
-                        deadline_s=p.period_s, max_inflight=max_inflight or p.max_inflight, overflow=p.overflow,
-                        max_new_tokens=p.max_new_tokens, max_prompt_tokens=prompt_tokens, eos_id=eos_id,
-                        speculate=p.speculate, graphs=p.graphs, rtc=rtc,
-                        compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels,
-                        prefill_layout=p.prefill_layout)
+    """The engine configuration the parameters describe (``rtc``: :func:`rtc_config`): the shared
+    :func:`oxygen_ros.policy.configure.engine_config`, with k_auto's deadline and the questions' prompt budget."""
+    return shared_engine_config(p, eos_id, k="auto" if p.k_auto else p.k, deadline_s=p.period_s,
+                                max_inflight=max_inflight, rtc=rtc, questions=p.ask_enabled)
 
 
 def rtc_config(p: NodeParams, policy: Policy) -> RTCConfig | None:
@@ -211,9 +209,7 @@ def build_runner(loaded: LoadedPolicy) -> FrameRunner:
     def factory() -> Engine:
         return build_engine(model, engine_config(p, tok.eos_id, rtc=rtc), detokenize=tok.decode, adapters=adapters)
 
-    language = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
-                                 p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority,
-                                 s.name if s.adapter else "") for s in p.streams]
+    language = language_schedules(p, p.streams)
     n_execute = p.actions_per_chunk or policy.spec.n_action_steps
     schedule = None if rtc is None else RTCSchedule(rtc, action_period_s(p, n_execute),
                                                     None if p.rtc_delay == "auto" else int(p.rtc_delay))

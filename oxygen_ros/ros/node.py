@@ -59,7 +59,6 @@ from typing import Any
 import numpy as np
 import torch
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
-from rcl_interfaces.msg import ParameterDescriptor
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
 from rclpy.event_handler import SubscriptionEventCallbacks
@@ -89,6 +88,7 @@ from .model_loader import (
     warm_up,
 )
 from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
+from .param_io import declare_specs, read_specs_of
 from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
 from .run_server import RunHooks, RunTaskServer
@@ -120,10 +120,7 @@ class OxygenNode(LifecycleNode):
 
     def __init__(self, node_name: str = NODE_NAME, **kwargs: Any) -> None:
         super().__init__(node_name, **kwargs)
-        for spec in PARAMS:
-            self.declare_parameter(spec.name, spec.ros_default, ParameterDescriptor(
-                description=spec.description, additional_constraints=f"type: {spec.type_name}",
-                dynamic_typing=True))  # types are checked at configure, with clear errors
+        declare_specs(self, PARAMS)  # dynamic typing: types are checked at configure, with clear errors
         log = self.get_logger()
         self.stats = NodeStats(log=log.warning)
         self._input_group = ReentrantCallbackGroup()
@@ -209,7 +206,7 @@ class OxygenNode(LifecycleNode):
         return super().on_configure(state)
 
     def _configure(self) -> None:
-        values = {spec.name: self.get_parameter(spec.name).value for spec in PARAMS}
+        values = read_specs_of(self, PARAMS)
         values.update(self._stream_parameters(values["language_streams"]))
         values.update(limit_parameters(self))
         unknown = sorted(set(getattr(self, "_parameter_overrides", {})) - set(values) - set(_BUILTIN_PARAMS))
@@ -292,13 +289,8 @@ class OxygenNode(LifecycleNode):
         for stream in streams if isinstance(streams, (list, tuple)) else ():
             if not isinstance(stream, str) or not STREAM_NAME_RE.match(stream) or stream in RESERVED_STREAM_NAMES:
                 continue
-            for spec in STREAM_PARAMS:
-                name = f"{stream}.{spec.name}"
-                if not self.has_parameter(name):
-                    self.declare_parameter(name, spec.ros_default, ParameterDescriptor(
-                        description=f"language stream {stream}: {spec.description}",
-                        additional_constraints=f"type: {spec.type_name}", dynamic_typing=True))
-                values[name] = self.get_parameter(name).value
+            declare_specs(self, STREAM_PARAMS, f"{stream}.", f"language stream {stream}: ")
+            values |= read_specs_of(self, STREAM_PARAMS, f"{stream}.")
         return values
 
     def _supervise(self) -> None:

@@ -1,7 +1,8 @@
 """The parameter reference, ``docs/parameters.md``, generated from the parameters' one definition.
 
 The node's parameters are the fields of :class:`oxygen_ros.ros.params.NodeParams` (the options it shares with
-``oxygen-serve`` come from :class:`oxygen_ros.policy.options.RunnerParams`), a language stream's are the fields of
+``oxygen-serve`` come from :class:`oxygen_ros.policy.options.RunnerParams`, those it shares with the chunk executor
+from :mod:`oxygen_ros.params.robot`), a language stream's are the fields of
 :class:`oxygen_ros.policy.options.StreamParams`. This module turns them into Markdown, grouped by the ``# --- group``
 comments of ``NodeParams``' source, so the page cannot drift from the code. ``test/test_docs.py`` fails when the
 committed page differs from what this writes.
@@ -89,7 +90,10 @@ def render() -> str:
         "",
         "Each parameter of the node is declared once, as a field of `oxygen_ros.ros.params.NodeParams` (with its "
         "type, default, help and one-field checks); the options the node shares with `oxygen-serve` (checkpoint, "
-        "engine, language, questions) are fields of `oxygen_ros.policy.options.RunnerParams`, which both take. "
+        "engine, language, questions) are fields of `oxygen_ros.policy.options.RunnerParams`, which both take; "
+        "those it shares with the chunk executor (`autostart`, `action_rate_hz`, `action_names`, `max_joint_age_s`, "
+        "`limits.robot_description`, `limits.required`) are declared once in `oxygen_ros.params.robot`, with one "
+        "default and help for both ([The chunk executor](executor.md) has its table). "
         "This page is generated from those fields: after adding or changing a parameter, regenerate it with "
         f"`{REGENERATE}`.",
         "",

@@ -20,7 +20,9 @@ from typing import Any
 from oxygen_ros.engine.rtc import GUIDANCES as RTC_GUIDANCES
 from oxygen_ros.engine.rtc import SCHEDULES as RTC_SCHEDULES
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK
-from oxygen_ros.policy.options import NORMALIZATIONS, REQUEST_TASKS, StreamParams, param, shared
+from oxygen_ros.params import MISSING, ParamError, ParamSpec, lookup, param, read_specs, robot_param, specs_of
+from oxygen_ros.params import markdown_table as _table
+from oxygen_ros.policy.options import NORMALIZATIONS, REQUEST_TASKS, StreamParams, shared
 
 from .limits import LIMIT_FIELDS, LIMIT_POLICIES, joint_limit_names
 from .limits import parse_limit_parameters as _joint_limits
@@ -49,41 +51,6 @@ EMBEDDED_MODELS = ("toy", "random_tiny")
 RELIABILITIES = ("best_effort", "reliable")
 DEFAULT_CAMERA_TOPIC = "/cameras/{name}/image_raw"
 _DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
-_KINDS = {"bool": bool, "int": int, "float": float, "str": str, "tuple[str, ...]": "str[]",
-          "tuple[bool, ...]": "bool[]"}
-
-
-class ParamError(ValueError):
-    """Invalid parameters; ``problems`` lists one message per offending parameter."""
-
-    def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        super().__init__("invalid parameters:\n  - " + "\n  - ".join(self.problems))
-
-
-@dataclass(frozen=True)
-class ParamSpec:
-    """One declared parameter. ``kind`` is bool, int, float, str, 'str[]' or 'bool[]'."""
-
-    name: str
-    kind: Any
-    default: Any
-    description: str
-    choices: tuple[str, ...] | None = None
-    minimum: float | None = None
-    positive: bool = False
-    attr: str = ""  # the NodeParams field ('' = name)
-
-    @property
-    def type_name(self) -> str:
-        return self.kind if isinstance(self.kind, str) else self.kind.__name__
-
-    @property
-    def ros_default(self) -> Any:
-        """The default as ROS declares it (lists, not tuples)."""
-        return list(self.default) if isinstance(self.default, tuple) else self.default
-
-
 STREAM_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 
 
@@ -92,8 +59,7 @@ class NodeParams:
     """Validated parameter values. Each field is one node parameter (see :func:`param`)."""
 
     # --- lifecycle and model
-    autostart: bool = param(True,
-        'Configure and activate on startup (plain runs); false: wait for lifecycle transitions.')
+    autostart: bool = robot_param('autostart')
     model: str = param('',
         "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on the tabletop world,"
         " see oxygen_ros.sim); or 'random_tiny': generate a tiny random pi0.5 and tokenizer into a "
@@ -155,12 +121,8 @@ class NodeParams:
         "(each camera's newest image).")
     max_image_pixels: int = param(4096 * 4096, 'Reject images with more pixels than this.', minimum=1)
     joint_names: tuple[str, ...] = param((), 'Joints read from /joint_states, in model state order (required).')
-    max_joint_age_s: float = param(0.25,
-        'Skip the frame when any joint position is older than this (arrival, node clock): a stopped '
-        'joint_states stream, or one joint no longer published. 0 = no limit.', minimum=0.0)
-    action_names: tuple[str, ...] = param((),
-        "Names of the robot's action dimensions (ActionChunk.joint_names, JointTrajectory joints); [] = "
-        'joint_names. Its length is the published action dim.')
+    max_joint_age_s: float = robot_param('max_joint_age_s')
+    action_names: tuple[str, ...] = robot_param('action_names')
     delta_action_mask: tuple[bool, ...] = param((),
         "Per action dim: true = the model predicts a delta added to the state; [] = the checkpoint's rule "
         "(LeRobot relative actions, openpi's data config). Only for checkpoints that define none.")
@@ -171,9 +133,7 @@ class NodeParams:
         'boundary so that the state fits (counted and warned once per instruction).', minimum=0)
     # --- timing and outputs
     control_rate_hz: float = param(10.0, 'Control frames per second (one engine step per frame).', positive=True)
-    action_rate_hz: float = param(0.0,
-        'Rate the robot executes chunk actions at (ActionChunk.dt = 1 / rate); 0 = action_horizon * '
-        'control_rate_hz.', minimum=0.0)
+    action_rate_hz: float = robot_param('action_rate_hz')
     language_topic_per_stream: bool = param(False,
         'Also publish each stream\'s outputs on ~/language/<stream> (besides ~/language_output).')
     publish_trajectory: bool = param(False,
@@ -224,7 +184,8 @@ class NodeParams:
         '(LeRobot rtc_config), else the whole remainder.', minimum=0, ros_name='rtc.execution_horizon')
     rtc_delay: str = param('auto',
         "The inference delay d in actions: auto (a p90 of the recent chunk ages, observation stamp -> chunk "
-        'ready, over 30 frames, rounded up) or a fixed N.', ros_name='rtc.delay')
+        'ready, over 30 frames, rounded up) or a fixed N.', ros_name='rtc.delay',
+        int_ok=True)
     rtc_remainder_source: str = param('timing_rule',
         'What the next chunk is guided toward: timing_rule (the last published chunk from the observation stamp '
         'on, as if the robot executed the timing rule) | executor (the chunk executor\'s ExecutedPlan on '
@@ -245,13 +206,8 @@ class NodeParams:
         '.max_velocity): clamp (clipped to them, counted, logged once per joint) | reject (not published, counted '
         'with the reason). Non-finite actions are never published.', choices=LIMIT_POLICIES,
         ros_name='limits.policy')
-    limits_robot_description: str = param('robot_description',
-        'Topic of the URDF (std_msgs/String, transient local, as robot_state_publisher publishes it) whose '
-        "joint limits apply to the action names; '' = none (limits.<joint>.* parameters only).",
-        ros_name='limits.robot_description')
-    limits_required: bool = param(False,
-        'Publish no chunk while an action joint has no limit at all (no URDF yet, or action_names that are not '
-        'its joints): counted as limits_missing. Real robots: true.', ros_name='limits.required')
+    limits_robot_description: str = robot_param('limits_robot_description')
+    limits_required: bool = robot_param('limits_required')
     max_consecutive_faults: int = param(3,
         'Frames in a row that raise before the node goes to the lifecycle\'s error processing (the model is '
         'released, /diagnostics reports ERROR, configure works again); 0 = never (each is counted and the engine '
@@ -303,36 +259,17 @@ class NodeParams:
 
 
 _DERIVED = ("extra", "streams", "joint_limits")  # NodeParams fields that are not parameters
-PARAMS: tuple[ParamSpec, ...] = tuple(
-    ParamSpec(f.metadata["ros_name"] or f.name, _KINDS[str(f.type)], f.default, f.metadata["help"],
-              f.metadata["choices"], f.metadata["minimum"], f.metadata["positive"], attr=f.name)
-    for f in dataclasses.fields(NodeParams) if f.name not in _DERIVED)
+PARAMS: tuple[ParamSpec, ...] = specs_of(NodeParams, skip=_DERIVED)
 _SPECS = {p.name: p for p in PARAMS}
 PARAM_NAMES = frozenset(_SPECS)
 PARAM_GROUPS = frozenset(n.split(".", 1)[0] for n in PARAM_NAMES if "." in n)  # ask: ask.<field>
 RESERVED_STREAM_NAMES = PARAM_NAMES | PARAM_GROUPS  # a stream's <name>.<field> would clash with them
-STREAM_PARAMS: tuple[ParamSpec, ...] = tuple(
-    ParamSpec(f.name, _KINDS[str(f.type)], f.default, f.metadata["help"], f.metadata["choices"],
-              f.metadata["minimum"], f.metadata["positive"])
-    for f in dataclasses.fields(StreamParams) if f.name != "name")
+STREAM_PARAMS: tuple[ParamSpec, ...] = specs_of(StreamParams, skip=("name",))
 
 
 def stream_param_names(stream: str) -> list[str]:
     """The ROS parameter names of one stream (``<stream>.<field>``)."""
     return [f"{stream}.{spec.name}" for spec in STREAM_PARAMS]
-
-
-def _stream_value(values: Mapping[str, Any], stream: str, field_name: str) -> Any:
-    """``<stream>.<field>`` from ROS's flat names or a YAML file's nested mapping (``<stream>: {<field>: ...}``)."""
-    flat = f"{stream}.{field_name}"
-    if flat in values:
-        return values[flat]
-    nested = values.get(stream)
-    return nested.get(field_name, _MISSING) if isinstance(nested, Mapping) else _MISSING
-
-
-_MISSING = object()
-_INT_OR_AUTO = frozenset({"rtc.delay"})  # string parameters that also take a whole number
 
 
 def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[StreamParams, ...], list[str]]:
@@ -352,10 +289,9 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
             continue
         got: dict[str, Any] = {}
         for spec in STREAM_PARAMS:
-            raw = _stream_value(values, name, spec.name)
             named = dataclasses.replace(spec, name=f"{name}.{spec.name}")
-            value, problem = _coerce(named, spec.default if raw is _MISSING else raw)
-            problem = problem or _field_problem(named, value)
+            raw = lookup(values, named.name)
+            value, problem = named.check(spec.default if raw is MISSING else raw)
             if problem:
                 problems.append(problem)
                 value = spec.default
@@ -376,50 +312,6 @@ def _streams(values: Mapping[str, Any], p: Mapping[str, Any]) -> tuple[tuple[Str
     if conditioned and conditioned not in names:
         problems.append(f"subtask_conditioning: {conditioned!r} is not one of language_streams {list(names)}")
     return tuple(streams), problems
-
-
-def _coerce(spec: ParamSpec, value: Any) -> tuple[Any, str | None]:
-    """(value converted to the spec's type, None) or (None, problem)."""
-    kind = spec.kind
-    got = f"got {type(value).__name__} {value!r}"[:160]
-    if kind is bool:
-        return (value, None) if isinstance(value, bool) else (None, f"{spec.name}: expected true/false, {got}")
-    if kind is int:
-        if isinstance(value, bool):
-            return None, f"{spec.name}: expected an integer, {got}"
-        if isinstance(value, int):
-            return value, None
-        if isinstance(value, float) and value.is_integer():
-            return int(value), None
-        return None, f"{spec.name}: expected an integer, {got}"
-    if kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value), None
-        return None, f"{spec.name}: expected a number, {got}"
-    if kind is str:
-        if spec.name in _INT_OR_AUTO and isinstance(value, int) and not isinstance(value, bool):
-            return str(value), None  # rtc.delay: 3 (YAML) or 'auto'
-        return (value, None) if isinstance(value, str) else (None, f"{spec.name}: expected a string, {got}")
-    item = str if kind == "str[]" else bool
-    if value is None:  # a YAML `[]` has no element type: rclpy hands it over unset (None)
-        return (), None
-    if isinstance(value, (list, tuple)) or hasattr(value, "tolist"):
-        items = list(value.tolist() if hasattr(value, "tolist") else value)
-        if all(isinstance(v, item) for v in items):
-            return tuple(items), None
-    what = "strings" if item is str else "booleans"
-    return None, f"{spec.name}: expected a list of {what}, {got}"
-
-
-def _field_problem(spec: ParamSpec, value: Any) -> str | None:
-    """The one-field checks declared with :func:`param`."""
-    if spec.choices is not None and value not in spec.choices:
-        return f"{spec.name}: must be one of {', '.join(spec.choices)}; got {value!r}"
-    if spec.minimum is not None and value < spec.minimum:
-        return f"{spec.name}: must be >= {spec.minimum}; got {value}"
-    if spec.positive and not value > 0:
-        return f"{spec.name}: must be > 0; got {value}"
-    return None
 
 
 def _template_problem(template: str) -> str | None:
@@ -482,17 +374,7 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
     Raises:
         ParamError: listing every problem, each starting with the parameter's name.
     """
-    problems: list[str] = []
-    out: dict[str, Any] = {}
-    for spec in PARAMS:  # a group's <group>.<field>: ROS's flat name or a YAML file's nested mapping
-        raw = _stream_value(values, *spec.name.split(".", 1)) if "." in spec.name else values.get(spec.name, _MISSING)
-        value, problem = _coerce(spec, spec.default if raw is _MISSING else raw)
-        if problem is None:
-            problem = _field_problem(spec, value)
-        if problem:
-            problems.append(problem)
-            value = spec.default
-        out[spec.attr or spec.name] = value
+    out, problems = read_specs(PARAMS, values)
     problems += _cross_problems(out)
     streams, stream_problems = _streams(values, out) if not problems else ((), [])
     problems += stream_problems
@@ -510,12 +392,4 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:
     """A Markdown table of ``specs`` (docs/parameters.md, written by ``oxygen_ros.ros.param_docs``)."""
-    rows = ["| name | type | default | description |", "|---|---|---|---|"]
-    for s in specs:
-        default = repr(s.default) if isinstance(s.default, str) else str(s.default).lower() \
-            if isinstance(s.default, bool) else str(list(s.default)) if isinstance(s.default, tuple) \
-            else str(s.default)
-        # a bare | would split the table cell; a bare <name> would be read as an HTML tag
-        description = s.description.replace("|", "\\|").replace("<", "&lt;")
-        rows.append(f"| `{s.name}` | {s.type_name} | `{default}` | {description} |")
-    return "\n".join(rows)
+    return _table(specs)

@@ -21,15 +21,17 @@ from typing import Any
 import torch
 import yaml
 
-from oxygen_ros.engine.engine import EngineConfig, build_engine
+from oxygen_ros.engine.engine import build_engine
 from oxygen_ros.engine.modes import NODE_MODES
 from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK
+from oxygen_ros.params import add_arguments, arg_type, specs_of
 from oxygen_ros.policy import SpecOptions, load_policy
+from oxygen_ros.policy.configure import engine_config as shared_engine_config
+from oxygen_ros.policy.configure import language_schedules
 from oxygen_ros.policy.device import resolve_device
 from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
 from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
-from oxygen_ros.policy.runner import LanguageSchedule
 
 from .keys import KEY_MAPS, key_map_for
 from .lerobot_server import LeRobotServer, Limits
@@ -40,22 +42,7 @@ __all__ = ["build_parser", "build_server", "runner_params"]
 
 log = logging.getLogger(__name__)
 _FIELDS = {f.name: f for f in dataclasses.fields(RunnerParams)}
-_STREAM_FIELDS = {f.name: f for f in dataclasses.fields(StreamParams) if f.name != "name"}
-
-
-def _checked(f: dataclasses.Field, kind: str) -> Any:
-    """An argparse ``type`` converting to the field's type and applying its ``minimum`` / ``positive`` checks."""
-    convert = {"int": int, "float": float, "str": str}[kind]
-
-    def parse(text: str) -> Any:
-        value = convert(text)
-        lo, positive = f.metadata.get("minimum"), f.metadata.get("positive")
-        if lo is not None and value < lo or positive and not value > 0:
-            raise argparse.ArgumentTypeError(f"must be {'> 0' if positive else f'>= {lo}'}; got {value}")
-        return value
-
-    parse.__name__ = kind
-    return parse
+_STREAM_SPECS = {s.name: s for s in specs_of(StreamParams, skip=("name",))}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,24 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--config", type=Path, help="node parameter file (config/*.yaml): its shared options become "
                                                 "the defaults")
     shared = ap.add_argument_group("checkpoint, engine and language (the node's parameters of the same names)")
-    for f in _FIELDS.values():
-        flag = "--" + f.name.replace("_", "-")
-        names = [flag, "--checkpoint"] if f.name == "checkpoint_path" else [flag]
-        kind = str(f.type)
-        help_text = f.metadata["help"].replace("%", "%%")
-        if kind == "bool":
-            shared.add_argument(*names, dest=f.name, action=argparse.BooleanOptionalAction, default=f.default,
-                                help=help_text)
-        elif kind.startswith("tuple"):
-            shared.add_argument(*names, dest=f.name, nargs="*", default=list(f.default), help=help_text)
-        else:
-            choices = f.metadata.get("choices")
-            if f.name == "mode":
-                choices = NODE_MODES
-            shared.add_argument(*names, dest=f.name, type=_checked(f, kind), choices=choices, default=f.default,
-                                help=help_text)
+    add_arguments(shared, specs_of(RunnerParams), aliases={"checkpoint_path": ["--checkpoint"]},
+                  choices={"mode": NODE_MODES})
     shared.add_argument("--stream", action="append", default=[], metavar="NAME.FIELD=VALUE",
-                        help="a language stream's field (" + ", ".join(_STREAM_FIELDS) + ")")
+                        help="a language stream's field (" + ", ".join(_STREAM_SPECS) + ")")
     srv = ap.add_argument_group("server")
     srv.add_argument("--protocol", default="openpi", choices=("openpi", "lerobot"),
                      help="openpi: openpi's websocket policy protocol; lerobot: LeRobot 0.6.1's async-inference gRPC "
@@ -172,11 +145,10 @@ def runner_params(args: argparse.Namespace) -> tuple[RunnerParams, tuple[StreamP
             raise ValueError(f"--stream {item!r}: expected NAME.FIELD=VALUE")
         if name not in fields:
             raise ValueError(f"--stream {item!r}: {name!r} is not one of --language-streams {list(fields)}")
-        if field_name not in _STREAM_FIELDS:
-            raise ValueError(f"--stream {item!r}: unknown field {field_name!r} (known: {', '.join(_STREAM_FIELDS)})")
-        f = _STREAM_FIELDS[field_name]
+        if field_name not in _STREAM_SPECS:
+            raise ValueError(f"--stream {item!r}: unknown field {field_name!r} (known: {', '.join(_STREAM_SPECS)})")
         try:
-            fields[name][field_name] = _checked(f, str(f.type))(str(value))
+            fields[name][field_name] = arg_type(_STREAM_SPECS[field_name])(str(value))
         except (ValueError, argparse.ArgumentTypeError) as e:
             raise ValueError(f"--stream {item!r}: {e}") from e
     streams = []
@@ -231,16 +203,9 @@ def _pool(args: argparse.Namespace, p: RunnerParams, stream_params: Sequence[Str
     elif args.protocol == "lerobot" and args.lerobot_rtc == "auto" and policy.spec.rtc is not None \
             and policy.spec.rtc.enabled:
         rtc = policy.spec.rtc
-    engine_config = EngineConfig(mode=p.mode, num_steps=p.num_steps or policy.model.config.num_steps, k=p.k,
-                                 max_inflight=p.max_inflight, overflow=p.overflow, max_new_tokens=p.max_new_tokens,
-                                 max_prompt_tokens=max(p.max_prompt_tokens, p.ask_max_prompt_tokens),
-                                 eos_id=tok.eos_id, speculate=p.speculate, graphs=p.graphs,
-                                 compile_cache_dir=p.compile_cache_dir or None, kernels=p.kernels,
-                                 prefill_layout=p.prefill_layout, rtc=rtc)
+    engine_config = shared_engine_config(p, tok.eos_id, num_steps=policy.model.config.num_steps, rtc=rtc)
     engine_config.validate()
-    streams = [LanguageSchedule(s.every_n_frames, s.task, s.prompt, s.max_new_tokens or p.max_new_tokens,
-                                p.max_prompt_tokens, s.name, s.period_s, s.trigger, s.priority)
-               for s in stream_params]
+    streams = language_schedules(p, stream_params)
     questions = QuestionConfig(p.ask_max_new_tokens or p.max_new_tokens, p.ask_max_prompt_tokens,
                                p.ask_max_question_chars, p.ask_priority)
     pool = SessionPool(policy, lambda: build_engine(policy.model, engine_config, detokenize=tok.decode), streams,
