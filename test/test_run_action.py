@@ -19,6 +19,7 @@ pytest.importorskip("rclpy", reason="rclpy is not installed")
 pytest.importorskip("oxygen_ros.action", reason="the oxygen_ros messages are not built (run `make setup`)")
 
 from action_msgs.msg import GoalStatus  # noqa: E402
+from conftest import ros_domain  # noqa: E402
 from oxygen_ros.action import RunTask  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
@@ -90,7 +91,8 @@ def test_a_goal_owns_the_instruction_until_it_ends() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- over DDS
-DOMAIN = 140 + (os.getpid() * 11 + 3) % 60
+DOMAIN = ros_domain()
+GUARD_DOMAIN = ros_domain()  # the respawn guard's node of its own
 
 
 @dataclass
@@ -301,7 +303,7 @@ def test_an_observation_stamped_before_the_process_start_never_makes_a_chunk() -
     from oxygen_ros.testing.probe import Probe
     from oxygen_ros.testing.process import NodeProcess
 
-    domain = DOMAIN + 61
+    domain = GUARD_DOMAIN
     before = time.time_ns() - 1_000_000_000
     cams = [(c, f"/cameras/{c}/image_raw") for c in ("base_0_rgb", "left_wrist_0_rgb")]
     joints = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
