@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from oxygen_ros.params import markdown_table
-from oxygen_ros.params.docs import replace_section
+from oxygen_ros.params.docs import emit_page, replace_section
 
 from .params import EXECUTOR_PARAMS
 
@@ -39,18 +39,7 @@ def main(argv: list[str] | None = None) -> int:
     how.add_argument("--write", action="store_true", help="rewrite the table in docs/executor.md")
     how.add_argument("--check", action="store_true", help="exit 1 when the committed table is stale")
     args = ap.parse_args(argv)
-    page = DOC_PATH.read_text()
-    text = render(page)
-    if args.write:
-        DOC_PATH.write_text(text)
-        print(f"wrote {DOC_PATH}")
-    elif args.check:
-        if text != page:
-            print(f"{DOC_PATH} is stale: regenerate its table with `{REGENERATE}`", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit_page(DOC_PATH, render(DOC_PATH.read_text()), args.write, args.check, REGENERATE)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import re
 import sys
 from pathlib import Path
 
+from oxygen_ros.params.docs import emit_page
 from oxygen_ros.policy.options import RunnerParams
 
 from .params import LIMIT_FIELDS, PARAMS, STREAM_PARAMS, NodeParams, ParamSpec, markdown_table
@@ -144,17 +145,7 @@ def main(argv: list[str] | None = None) -> int:
     how.add_argument("--check", action="store_true", help="exit 1 when the committed page is stale")
     ap.add_argument("--path", type=Path, default=DOC_PATH, help="the page (default: docs/parameters.md)")
     args = ap.parse_args(argv)
-    text = render()
-    if args.write:
-        args.path.write_text(text)
-        print(f"wrote {args.path}")
-    elif args.check:
-        if not args.path.exists() or args.path.read_text() != text:
-            print(f"{args.path} is stale: regenerate it with `{REGENERATE}`", file=sys.stderr)
-            return 1
-    else:
-        sys.stdout.write(text)
-    return 0
+    return emit_page(args.path, render(), args.write, args.check, REGENERATE)
 
 
 if __name__ == "__main__":
