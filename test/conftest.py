@@ -48,8 +48,8 @@ def make_model(config: Pi05Config | None = None, seed: int = 0, std: float = 0.1
 
 def make_heads_and_lora(model: Pi05Model, count: int = 1, seed: int = 3):
     """``count`` extra action experts with random weights (std 0.1) and a rank-4 LoRA on every target module."""
-    from oxygen_ros.engine.heads import make_extra_heads
     from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
+    from oxygen_ros.study.heads import make_extra_heads
 
     heads = make_extra_heads(model.config, count)
     gen = torch.Generator().manual_seed(seed)

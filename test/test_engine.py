@@ -11,11 +11,11 @@ from conftest import make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.heads import make_extra_heads
 from oxygen_ros.engine.lora import LoraAdapter, random_lora_weights
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.engine.scheduler import BudgetController
-from oxygen_ros.engine.workload import Workload
+from oxygen_ros.study.heads import make_extra_heads
+from oxygen_ros.study.workload import Workload
 
 NO_EOS = -1
 

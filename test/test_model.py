@@ -6,7 +6,7 @@ import torch
 from conftest import make_model, make_observation
 
 from oxygen_ros.engine import KVCache, Observation, Pi05Model, get_config
-from oxygen_ros.engine.reference import reference_language_logits, reference_sample_actions
+from oxygen_ros.study.reference import reference_language_logits, reference_sample_actions
 
 
 def _noise(cfg, batch, seed=0):

@@ -8,9 +8,9 @@ from conftest import make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.heads import make_extra_heads
 from oxygen_ros.engine.precision import apply_precision, exact_islands, float32_islands
 from oxygen_ros.engine.requests import Frame, LanguageRequest
+from oxygen_ros.study.heads import make_extra_heads
 
 
 def _noise(cfg, batch: int = 1) -> torch.Tensor:

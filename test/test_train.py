@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from oxygen_ros.engine.checkpoint import load_checkpoint, read_config, save_checkpoint
-from oxygen_ros.engine.reference import reference_language_logits
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import PolicyConfigError, load_policy
 from oxygen_ros.policy.coverage import coverage_warning
+from oxygen_ros.study.reference import reference_language_logits
 from oxygen_ros.train.data import collect, make_batch
 from oxygen_ros.train.evaluate import ClosedLoop, evaluate
 from oxygen_ros.train.losses import _mask_and_positions, sample_time, training_losses

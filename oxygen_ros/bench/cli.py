@@ -26,7 +26,7 @@ from oxygen_ros.bench.models import DTYPES, build_heads, build_model, dtype_name
 from oxygen_ros.bench.report import write_results
 from oxygen_ros.bench.side_by_side import make_plan, profile_batches, run_bench
 from oxygen_ros.engine.modes import ENGINE_MODES
-from oxygen_ros.engine.workload import KINDS, Workload
+from oxygen_ros.study.workload import KINDS, Workload
 
 
 def parse_k(values: list[str]) -> list[int | str]:

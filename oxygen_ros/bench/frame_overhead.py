@@ -27,7 +27,7 @@ from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.bench.side_by_side import make_plan, measure_plan
 from oxygen_ros.bench.speculation import toy_memory_stream
 from oxygen_ros.engine.precision import PRECISIONS, apply_precision
-from oxygen_ros.engine.workload import Workload
+from oxygen_ros.study.workload import Workload
 
 TARGETS = {"denoise": 2.5, "decode": 1.3, "prefill": 1.0}
 

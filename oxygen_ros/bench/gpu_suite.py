@@ -122,7 +122,7 @@ def _default(model, res: Results, dev: torch.device, graphs: str, frames: int, r
              left: Callable[[], float]) -> None:
     from oxygen_ros.bench.runner import pool_size, run_point
     from oxygen_ros.engine.engine import EngineConfig
-    from oxygen_ros.engine.workload import Workload
+    from oxygen_ros.study.workload import Workload
 
     ec = EngineConfig(graphs="auto", eos_id=-1, max_new_tokens=30, max_inflight=pool_size(30, 5))
     _reset_peak(dev)
@@ -149,7 +149,7 @@ def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames
 def _headline(model, res: Results, dev: torch.device, graphs: str, frames: int, repeats: int,
               left: Callable[[], float]) -> None:
     from oxygen_ros.bench.side_by_side import make_plan
-    from oxygen_ros.engine.workload import Workload
+    from oxygen_ros.study.workload import Workload
 
     steps = model.config.num_steps
     for label, ns, engines, ks in (("N30", [30], ["isolated", "oxygen"], [1, 5]),

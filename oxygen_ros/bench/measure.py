@@ -17,7 +17,7 @@ from oxygen_ros.bench.profile import profile_stages
 from oxygen_ros.bench.runner import pool_size, run_point, warmup_frames
 from oxygen_ros.engine.engine import EngineConfig
 from oxygen_ros.engine.requests import FrameResult
-from oxygen_ros.engine.workload import Workload
+from oxygen_ros.study.workload import Workload
 
 PROFILE_BATCHES = (1, 2, 4, 6, 8, 16, 32)
 

@@ -15,7 +15,7 @@ from oxygen_ros.engine import Pi05Model, get_config
 from oxygen_ros.engine.checkpoint import init_random_weights
 from oxygen_ros.engine.config import DTYPES
 from oxygen_ros.engine.cpu_kernels import use_onednn
-from oxygen_ros.engine.heads import make_extra_heads
+from oxygen_ros.study.heads import make_extra_heads
 
 
 def resolve_dtype(name: str | None, device: torch.device) -> torch.dtype:

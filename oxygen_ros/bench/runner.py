@@ -16,7 +16,7 @@ from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.requests import Frame, FrameResult
-from oxygen_ros.engine.workload import Workload
+from oxygen_ros.study.workload import Workload
 
 STAGES = ("prefill", "language_prefill", "denoise", "decode", "manager", "frame")
 STALL_FACTOR = 5.0  # a frame over 5x the median frame time is a host stall (a noisy neighbour), not the engine

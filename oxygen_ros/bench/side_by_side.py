@@ -21,7 +21,7 @@ from oxygen_ros.bench.report import add_derived
 from oxygen_ros.bench.runner import machine_info, pool_size, run_interleaved, run_point, warmup_frames
 from oxygen_ros.engine import Pi05Model
 from oxygen_ros.engine.engine import EngineConfig
-from oxygen_ros.engine.workload import Workload
+from oxygen_ros.study.workload import Workload
 
 Plan = list[tuple[EngineConfig, Workload]]
 

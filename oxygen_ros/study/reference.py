@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from .model import Pi05Model
-from .observation import Observation
+from oxygen_ros.engine.model import Pi05Model
+from oxygen_ros.engine.observation import Observation
 
 
 @torch.no_grad()

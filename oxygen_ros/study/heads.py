@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from torch import nn
 
-from .config import GemmaConfig, Pi05Config
-from .layers import GemmaStack
-from .parts import HeadParts
+from oxygen_ros.engine.config import GemmaConfig, Pi05Config
+from oxygen_ros.engine.layers import GemmaStack
+from oxygen_ros.engine.parts import HeadParts
 
 
 class ActionHead(nn.Module):

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .requests import LanguageRequest
+from oxygen_ros.engine.requests import LanguageRequest
 
 KINDS = ("every_frame", "every_n", "burst", "poisson", "random_length")
 
