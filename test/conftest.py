@@ -59,6 +59,17 @@ def make_heads_and_lora(model: Pi05Model, count: int = 1, seed: int = 3):
     return heads, LoraAdapter(random_lora_weights(model, r=4, std=0.3, modules=TARGETS), 2.0)
 
 
+@contextmanager
+def eager_stages(policy) -> Iterator[None]:
+    """The policy runs its model's eager reference stages (the same weights) inside the block."""
+    fused = policy.model
+    policy.model = fused.with_stages("eager")
+    try:
+        yield
+    finally:
+        policy.model = fused
+
+
 def make_observation(config: Pi05Config, batch: int = 1, prompt_lens=None, camera_masks=None,
                      seed: int = 0, length: int | None = None) -> Observation:
     """Random observation batch; prompt i has prompt_lens[i] valid tokens (BOS first), padded to ``length``."""

@@ -37,6 +37,9 @@ def test_the_layers_hold() -> None:
     ("serve/_probe.py", "from oxygen_ros.ros import params\n", "serve (the openpi-protocol server) imports only"),
     ("bench/_probe.py", "import oxygen_ros.tools.profile\n", "nothing imports tools/"),
     ("engine/_probe.py", "import oxygen_ros.bench\n", "no import cycles between sibling modules"),
+    ("engine/_probe.py", "from oxygen_ros.engine.backends.fusion import fused_stack\n",
+     "the engine's core reaches the backends only through their selection point"),
+    ("policy/_probe.py", "import oxygen_ros.study\n", "no production room imports study"),
 ])
 def test_a_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
     root = tmp_path / "repo"

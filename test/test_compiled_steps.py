@@ -1,4 +1,5 @@
-"""Steps compiled ahead of time (``graphs='aot'``: engine/aot_steps.py, compiled_store.py) against the eager reference.
+"""Steps compiled ahead of time (``graphs='aot'``: engine/backends/aot_steps.py, compiled_store.py) against the
+eager reference.
 
 The packages are built once into a module-scoped cache directory (about a minute of AOTInductor compiling on this
 CPU) and every later engine loads them: in every engine mode, with an extra action head (the same package bound to
@@ -18,15 +19,15 @@ import torch
 from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, Pi05Model, get_config
-from oxygen_ros.engine.aot_steps import export_step, step_key
-from oxygen_ros.engine.compiled_store import CompiledStore, full_key
+from oxygen_ros.engine.backends.aot_steps import export_step, step_key
+from oxygen_ros.engine.backends.compiled_store import CompiledStore, full_key
+from oxygen_ros.engine.backends.graphs import FrameGraphs
+from oxygen_ros.engine.backends.step_weights import StepWeights
 from oxygen_ros.engine.config import GemmaConfig
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.graphs import FrameGraphs
 from oxygen_ros.engine.kv_cache import KVCache
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.engine.rtc import RTCConfig, RTCPrefix
-from oxygen_ros.engine.step_weights import StepWeights
 
 ATOL = 1e-5
 
@@ -104,7 +105,7 @@ def test_a_corrupt_entry_is_rebuilt_with_a_warning(smooth: Pi05Model, cache_dir:
     data = bytearray(victim.read_bytes())
     data[len(data) // 2:len(data) // 2 + 64] = b"\0" * 64
     victim.write_bytes(bytes(data))
-    with caplog.at_level(logging.WARNING, logger="oxygen_ros.engine.compiled_store"):
+    with caplog.at_level(logging.WARNING, logger="oxygen_ros.engine.backends.compiled_store"):
         again = _run(smooth, fl, "aot", cache_dir)
     assert any("checksum mismatch" in r.getMessage() and "rebuilding" in r.getMessage() for r in caplog.records)
     how = {r["step"]: r["how"] for r in again[2]}
@@ -162,7 +163,7 @@ def test_the_store_rebuilds_stale_unreadable_or_unloadable_entries(tmp_path: Pat
     meta["key"]["torch"] = "0.0.0"  # an entry some other torch wrote at this name
     manifest.write_text(json.dumps(meta))
     assert store.check("toy", key).startswith("stale key (differs in torch)")
-    with caplog.at_level(logging.WARNING, logger="oxygen_ros.engine.compiled_store"):
+    with caplog.at_level(logging.WARNING, logger="oxygen_ros.engine.backends.compiled_store"):
         assert store.get("toy", key, build, load).how == "built"
         manifest.write_text("{")
         assert store.get("toy", key, build, load).how == "built"

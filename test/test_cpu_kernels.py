@@ -8,8 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from oxygen_ros.engine.cpu_kernels import MAX_ROWS, OneDNNLinear, onednn_available, use_onednn
-from oxygen_ros.engine.packed_linear import PackedWeight, packed_available
+from oxygen_ros.engine.backends.cpu_kernels import MAX_ROWS, OneDNNLinear, onednn_available, use_onednn
+from oxygen_ros.engine.backends.fusion import fused_stack
+from oxygen_ros.engine.backends.packed_linear import PackedWeight, packed_available
 
 pytestmark = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN (mkldnn) support")
 
@@ -80,8 +81,8 @@ def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkey
     corrupt file; the stacks' projections then follow it per row class."""
     from conftest import make_model
 
-    from oxygen_ros.engine import kernel_choice
-    from oxygen_ros.engine.fusion import FEW_ROWS
+    from oxygen_ros.engine.backends import kernel_choice
+    from oxygen_ros.engine.backends.fusion import FEW_ROWS
 
     model = make_model()
     heads = [model.head_parts()]
@@ -93,7 +94,8 @@ def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkey
     for t in first.timings:
         assert t.packed == (t.ratio <= kernel_choice.MARGIN)
     assert (first.prefill, first.decode, first.denoise) == tuple(t.packed for t in first.timings)
-    bb, ex = model.backbone.fused().qkv[0].policy, model.expert.fused().down[3 % len(model.expert.layers)].policy
+    bb = fused_stack(model.backbone).qkv[0].policy
+    ex = fused_stack(model.expert).down[3 % len(model.expert.layers)].policy
     assert (bb.few, bb.many, ex.few, ex.many) == (first.decode, first.prefill, first.denoise, first.denoise)
     stored = list(tmp_path.glob("kernels-*.json"))
     assert len(stored) == 1
@@ -109,7 +111,7 @@ def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkey
 
     # a forced choice, and the row classes: packed only for the class asked
     kernel_choice.choose(model, heads, 10, "packed", tmp_path)
-    pw = model.backbone.fused().qkv[0]
+    pw = fused_stack(model.backbone).qkv[0]
     pw.policy.few, pw.policy.many = True, False
     calls = []
     original = type(pw._packed).apply
@@ -120,7 +122,7 @@ def test_kernel_choice_is_measured_stored_and_applied_per_stage(tmp_path, monkey
         assert torch.allclose(pw(torch.ones(3, pw.weight.shape[1])), ref[:3], atol=1e-5)
     assert calls == [3]
     plain = kernel_choice.choose(model, heads, 10, "plain", tmp_path)
-    assert plain.source == "plain" and model.backbone.fused().packed == (False, False)
+    assert plain.source == "plain" and fused_stack(model.backbone).packed == (False, False)
 
 
 @pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
@@ -155,9 +157,9 @@ def test_islands_keep_packed_weights_only_where_bit_identical(tmp_path, monkeypa
     A packed kernel that is one ulp off anywhere is refused for that stage (plain kept, said in the summary)."""
     from conftest import make_model, make_observation
 
-    from oxygen_ros.engine import kernel_choice
+    from oxygen_ros.engine.backends import kernel_choice
+    from oxygen_ros.engine.backends.precision import apply_precision
     from oxygen_ros.engine.engine import EngineConfig, build_engine
-    from oxygen_ros.engine.precision import apply_precision
     from oxygen_ros.engine.requests import Frame
 
     model = apply_precision(make_model(seed=5, std=0.3), "bfloat16_islands")
@@ -165,8 +167,7 @@ def test_islands_keep_packed_weights_only_where_bit_identical(tmp_path, monkeypa
     noise = torch.randn(1, model.config.action_horizon, model.config.action_dim,
                         generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
-        reference = model.use_fused(False).sample_actions(obs, noise.clone())[0]
-    model.use_fused(True)
+        reference = model.with_stages("eager").sample_actions(obs, noise.clone())[0]
     engine = build_engine(model, EngineConfig(max_inflight=1, max_new_tokens=4, compile_cache_dir=str(tmp_path)))
     choice = engine.runner.kernels
     assert choice.source == "measured" and all(t.identical is not None for t in choice.timings)

@@ -25,8 +25,8 @@ from test_graphs import _frames, _run
 from test_rtc_engine import _frames as _rtc_frames
 
 from oxygen_ros.engine import ENGINE_MODES
+from oxygen_ros.engine.backends.precision import CUDA_MATH, apply_cuda_math, apply_precision, cuda_math_state
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.precision import CUDA_MATH, apply_cuda_math, apply_precision, cuda_math_state
 from oxygen_ros.engine.rtc import RTCConfig
 
 CUDA = torch.cuda.is_available()

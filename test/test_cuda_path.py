@@ -14,11 +14,17 @@ import pytest
 import torch
 from conftest import make_model, make_observation
 
-from oxygen_ros.engine import graphs as graphs_mod
 from oxygen_ros.engine import timing
+from oxygen_ros.engine.backends import graphs as graphs_mod
+from oxygen_ros.engine.backends.graphs import FrameGraphs
+from oxygen_ros.engine.backends.precision import (
+    CUDA_MATH,
+    PRECISIONS,
+    apply_cuda_math,
+    apply_precision,
+    cuda_math_state,
+)
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.graphs import FrameGraphs
-from oxygen_ros.engine.precision import CUDA_MATH, PRECISIONS, apply_cuda_math, apply_precision, cuda_math_state
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 
@@ -103,7 +109,7 @@ def test_precision_sets_and_logs_the_tf32_flags(precision: str, caplog) -> None:
     try:
         for start in (True, False):  # whatever they were before
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = start
-            with caplog.at_level(logging.INFO, logger="oxygen_ros.engine.precision"):
+            with caplog.at_level(logging.INFO, logger="oxygen_ros.engine.backends.precision"):
                 model = apply_precision(make_model(), precision)
             assert cuda_math_state() == CUDA_MATH[precision] == model.cuda_math
             on = CUDA_MATH[precision]["matmul_tf32"]

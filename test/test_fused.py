@@ -1,5 +1,5 @@
-"""The fused stages (engine/fast_path.py) against the eager reference, in one process: every engine mode, with a
-LoRA adapter and an extra action head; fused weights survive loading, copying, moving and saving."""
+"""The fused stages (engine/backends/fast_path.py) against the eager reference, in one process: every engine mode,
+with a LoRA adapter and an extra action head; fused weights survive loading, copying, moving and saving."""
 
 from __future__ import annotations
 
@@ -10,11 +10,12 @@ import torch
 from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, KVCache, Pi05Model
+from oxygen_ros.engine.backends.cpu_kernels import use_onednn
+from oxygen_ros.engine.backends.fusion import fused_stack
+from oxygen_ros.engine.backends.packed_linear import packed_available
 from oxygen_ros.engine.checkpoint import load_checkpoint, save_checkpoint
-from oxygen_ros.engine.cpu_kernels import use_onednn
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.lora import TARGETS, LoraAdapter, random_lora_weights
-from oxygen_ros.engine.packed_linear import packed_available
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 ATOL = 1e-5
@@ -37,13 +38,8 @@ def _noise(cfg, batch: int, seed: int = 0) -> torch.Tensor:
 
 
 def _both(model: Pi05Model, fn):
-    """``fn()`` fused, then eager (the model is left fused)."""
-    out = fn()
-    model.use_fused(False)
-    try:
-        return out, fn()
-    finally:
-        model.use_fused(True)
+    """``fn(model)`` on the fused stages, then on the eager reference over the same weights."""
+    return fn(model), fn(model.with_stages("eager"))
 
 
 def test_stages_match_eager(model: Pi05Model, smooth: Pi05Model) -> None:
@@ -51,16 +47,16 @@ def test_stages_match_eager(model: Pi05Model, smooth: Pi05Model) -> None:
     obs = make_observation(cfg, batch=2, prompt_lens=[12, 7], camera_masks=[[1, 1, 0], [1, 0, 1]])
     noise = _noise(cfg, 2)
     for steps in (1, 3, 10):
-        fused, eager = _both(smooth, lambda steps=steps: smooth.sample_actions(obs, noise, steps))
+        fused, eager = _both(smooth, lambda m, steps=steps: m.sample_actions(obs, noise, steps))
         assert (fused - eager).abs().max() <= ATOL
-    fused, eager = _both(model, lambda: model.sample_actions(obs, noise, 10))
+    fused, eager = _both(model, lambda m: m.sample_actions(obs, noise, 10))
     assert (fused - eager).abs().max() <= 1e-5 * eager.abs().max() * 10  # 10 steps of a chaotic map
     caches = []
 
-    def prefill_and_decode():
+    def prefill_and_decode(m: Pi05Model):
         cache = KVCache.for_model(cfg, 2, extra_tokens=4)
-        prefix = model.prefill(obs, cache)
-        logits = model.decode_step(cache, prefix.rows, torch.tensor([5, 9]), prefix.num_valid,
+        prefix = m.prefill(obs, cache)
+        logits = m.decode_step(cache, prefix.rows, torch.tensor([5, 9]), prefix.num_valid,
                                    torch.full((2,), prefix.length), prefix.length + 1)
         caches.append(cache)
         return prefix.last_hidden, logits
@@ -68,7 +64,7 @@ def test_stages_match_eager(model: Pi05Model, smooth: Pi05Model) -> None:
     (h_f, l_f), (h_e, l_e) = _both(model, prefill_and_decode)
     assert (h_f - h_e).abs().max() <= ATOL and (l_f - l_e).abs().max() <= ATOL
     assert (caches[0].k - caches[1].k).abs().max() <= ATOL and torch.equal(caches[0].valid, caches[1].valid)
-    gen_f, gen_e = _both(model, lambda: model.generate(obs, 12, prompts=[[17, 3], []], eos_id=-1))
+    gen_f, gen_e = _both(model, lambda m: m.generate(obs, 12, prompts=[[17, 3], []], eos_id=-1))
     assert gen_f == gen_e
 
 
@@ -82,9 +78,9 @@ def test_fast_prefill_skips_masked_work_exactly(model: Pi05Model, smooth: Pi05Mo
     obs = make_observation(cfg, batch=2, prompt_lens=[12, 7], camera_masks=camera_masks, length=cfg.max_token_len)
     prefixes, caches = [], []
 
-    def prefill():
+    def prefill(m: Pi05Model):
         cache = KVCache.for_model(cfg, 2, extra_tokens=4)
-        prefixes.append(model.prefill(obs, cache))
+        prefixes.append(m.prefill(obs, cache))
         caches.append(cache)
         return prefixes[-1].last_hidden
 
@@ -100,9 +96,9 @@ def test_fast_prefill_skips_masked_work_exactly(model: Pi05Model, smooth: Pi05Mo
         assert (cf.k[:, row][:, :, vf] - ce.k[:, row][:, :, ve]).abs().max() <= ATOL
         assert (cf.v[:, row][:, :, vf] - ce.v[:, row][:, :, ve]).abs().max() <= ATOL
     noise = _noise(cfg, 2)
-    fused, eager = _both(smooth, lambda: smooth.sample_actions(obs, noise, 10))
+    fused, eager = _both(smooth, lambda m: m.sample_actions(obs, noise, 10))
     assert (fused - eager).abs().max() <= ATOL
-    gen_f, gen_e = _both(model, lambda: model.generate(obs, 12, prompts=[[17, 3], []], eos_id=-1))
+    gen_f, gen_e = _both(model, lambda m: m.generate(obs, 12, prompts=[[17, 3], []], eos_id=-1))
     assert gen_f == gen_e
 
 
@@ -112,11 +108,11 @@ def test_lora_decode_matches_eager(model: Pi05Model) -> None:
     for modules in (TARGETS, ("q_proj", "v_proj"), ("up_proj", "o_proj")):
         lora = LoraAdapter(random_lora_weights(model, r=4, std=0.3, modules=modules), 2.0)
 
-        def step(lora=lora):
+        def step(m: Pi05Model, lora=lora):
             cache = KVCache.for_model(cfg, 3, extra_tokens=4)
-            prefix = model.prefill(obs, cache)
+            prefix = m.prefill(obs, cache)
             lora.row_mask = torch.tensor([1.0, 0.0, 1.0])[:, None, None]
-            return model.decode_step(cache, prefix.rows, torch.tensor([5, 9, 7]), prefix.num_valid,
+            return m.decode_step(cache, prefix.rows, torch.tensor([5, 9, 7]), prefix.num_valid,
                                      torch.full((3,), prefix.length), prefix.length + 1, lora)
 
         fused, eager = _both(model, step)
@@ -134,18 +130,13 @@ def _frames(cfg, count: int) -> list[Frame]:
 
 def _run_mode(model: Pi05Model, mode: str, fused: bool, frames: list[Frame]):
     heads, lora = make_heads_and_lora(model)
-    model.use_fused(fused)
-    try:
-        eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=-1, max_new_tokens=8, max_inflight=6,
-                                                kernels="keep"),
-                           heads=heads, adapter=lora)
-        if mode == "parallel":  # the language worker runs its own copy of the model
-            eng.language_worker.model.use_fused(fused)
-        results = [eng.step(fr) for fr in frames]
-        if mode == "parallel":
-            eng.close()
-    finally:
-        model.use_fused(True)
+    model = model if fused else model.with_stages("eager")  # the parallel language worker copies it, stages too
+    eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=-1, max_new_tokens=8, max_inflight=6,
+                                            kernels="keep"),
+                       heads=heads, adapter=lora)
+    results = [eng.step(fr) for fr in frames]
+    if mode == "parallel":
+        eng.close()
     toks = sorted((f.request_id, f.frame_index, tuple(f.tokens)) for r in results for f in r.finished)
     return [r.actions for r in results], toks
 
@@ -170,7 +161,7 @@ def test_packed_fused_path_equals_eager(model: Pi05Model, smooth: Pi05Model, mod
     for base in (model, smooth):
         m = copy.deepcopy(base)
         use_onednn(m)
-        fs = m.expert.fused()
+        fs = fused_stack(m.expert)
         assert all(f._packed is not None for f in (*fs.qkv, *fs.o, *fs.gate_up, *fs.down))
         (act_f, tok_f), (act_e, tok_e) = (_run_mode(m, mode, fused, fl) for fused in (True, False))
         assert tok_f == tok_e and len(tok_f) >= 4
@@ -189,12 +180,10 @@ def test_fused_weights_follow_loads_copies_moves_and_saves(model: Pi05Model, tmp
     fresh.load_state_dict(other.state_dict())  # in place: the fused matrices see the new weights
     expect = other.sample_actions(obs, noise)
     assert torch.equal(fresh.sample_actions(obs, noise), expect)
-    fresh.use_fused(False)
-    assert (fresh.sample_actions(obs, noise) - expect).abs().max() <= ATOL
-    fresh.use_fused(True)
+    assert (fresh.with_stages("eager").sample_actions(obs, noise) - expect).abs().max() <= ATOL
     assert torch.equal(copy.deepcopy(fresh).sample_actions(obs, noise), expect)
     moved = copy.deepcopy(fresh).to(torch.float64)
-    assert moved.backbone.fused().qkv[0].weight.dtype == torch.float64
+    assert fused_stack(moved.backbone).qkv[0].weight.dtype == torch.float64
     assert (moved.sample_actions(obs.to("cpu", torch.float64), noise) - expect).abs().max() <= 1e-4
     save_checkpoint(fresh, tmp_path / "ck")
     loaded = load_checkpoint(tmp_path / "ck")

@@ -1,5 +1,5 @@
-"""Static shapes and captured graphs (engine/graphs.py) against the eager reference: the padded prefill, the denoise
-and the decode steps, in every engine mode with a LoRA adapter (its rows stay eager) and an extra action head,
+"""Static shapes and captured graphs (engine/backends/graphs.py) against the eager reference: the padded prefill, the
+denoise and the decode steps, in every engine mode with a LoRA adapter (its rows stay eager) and an extra action head,
 k=auto, a pool filled and reused over many frames; the static steps trace as one graph each (nothing inside syncs
 with the host, so CUDA can capture them); torch.compile of them gives the same tokens. CUDA capture itself runs in
 ``scripts/gpu_bench.sh`` (no GPU here)."""
@@ -14,10 +14,10 @@ import torch
 from conftest import make_heads_and_lora, make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES, Pi05Model
-from oxygen_ros.engine.cpu_kernels import use_onednn
+from oxygen_ros.engine.backends.cpu_kernels import use_onednn
+from oxygen_ros.engine.backends.graphs import FrameGraphs, decode_buckets, resolve_backend
+from oxygen_ros.engine.backends.packed_linear import packed_available
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.graphs import FrameGraphs, decode_buckets, resolve_backend
-from oxygen_ros.engine.packed_linear import packed_available
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 
 ATOL = 1e-5

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from conftest import made_on_this_host
+from conftest import eager_stages, made_on_this_host
 from safetensors.torch import load_file
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
@@ -47,9 +47,8 @@ def test_lerobot_bf16_checkpoint_gives_lerobots_bf16_chunks(tmp_path: Path) -> N
         tolerance = 2 * floor[s]
         assert 0 < tolerance < gap, (s, tolerance, gap)  # tight enough to tell LeRobot's bf16 from its fp32
         fused = np.asarray(policy.infer_normalized(raw, noise))
-        policy.model.use_fused(False)
-        eager = np.asarray(policy.infer_normalized(raw, noise))
-        policy.model.use_fused(True)
+        with eager_stages(policy):
+            eager = np.asarray(policy.infer_normalized(raw, noise))
         prepared = policy.prepare(raw)
         stepped = engine.step(Frame(prepared.observation, [], [noise.reshape(1, *noise.shape[-2:])])).actions[0]
         stepped = stepped[:, : reference.shape[1]].numpy()

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import made_on_this_host
+from conftest import eager_stages, made_on_this_host
 from safetensors.torch import load_file
 
 from oxygen_ros.policy import RawObservation, SpecOptions, load_policy
@@ -121,9 +121,8 @@ def test_bfloat16_islands_equal_openpi_bf16_policy_infer(name: str) -> None:
         raw = RawObservation(images, state, meta["prompts"][s])
         want = e16[f"s{s}/actions"].numpy()
         fused = policy.infer(raw, obs["noise"])
-        model.use_fused(False)
-        eager = policy.infer(raw, obs["noise"])
-        model.use_fused(True)
+        with eager_stages(policy):
+            eager = policy.infer(raw, obs["noise"])
         prepared = policy.prepare(raw)
         res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
         static = policy.postprocess(res.actions[0], prepared)
@@ -160,9 +159,8 @@ def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) ->
         obs = {k.split("/", 1)[1]: v.numpy() for k, v in inputs.items() if k.startswith(f"s{s}/")}
         images, state = ROBOTS[name](obs)
         raw = RawObservation(images, state, meta["prompts"][s])
-        policy.model.use_fused(False)
-        eager = policy.infer(raw, obs["noise"])
-        policy.model.use_fused(True)
+        with eager_stages(policy):
+            eager = policy.infer(raw, obs["noise"])
         prepared = policy.prepare(raw)
         res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
         compiled = policy.postprocess(res.actions[0], prepared)

@@ -7,8 +7,8 @@ import torch
 from conftest import make_model, make_observation
 
 from oxygen_ros.engine import ENGINE_MODES
+from oxygen_ros.engine.backends.precision import apply_precision, exact_islands, float32_islands
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.engine.precision import apply_precision, exact_islands, float32_islands
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.study.heads import make_extra_heads
 
@@ -49,8 +49,7 @@ def test_low_precision_actions_close_to_float32_fused_and_eager(precision: str) 
     model = apply_precision(make_model(), precision)
     low = obs.to("cpu", torch.bfloat16)
     fused = model.sample_actions(low, noise)
-    eager = model.use_fused(False).sample_actions(low, noise)
-    model.use_fused(True)
+    eager = model.with_stages("eager").sample_actions(low, noise)
     scale = ref.abs().max()
     assert fused.dtype == torch.float32 and (fused - ref).abs().max() <= 0.05 * scale
     assert (fused - eager).abs().max() <= 0.05 * scale

@@ -14,7 +14,12 @@ import torch
 from conftest import make_model
 from safetensors.torch import load_file
 
-from oxygen_ros.engine.precision import apply_precision, exact_islands, float32_modules, lerobot_float32_modules
+from oxygen_ros.engine.backends.precision import (
+    apply_precision,
+    exact_islands,
+    float32_modules,
+    lerobot_float32_modules,
+)
 from oxygen_ros.policy import RawObservation, SpecOptions, load_policy
 from oxygen_ros.policy.device import choose_precision
 

@@ -138,7 +138,7 @@ def test_every_path_equals_the_eager_reference(model, guidance):
     cfg = model.config
     frames = _frames(cfg, 4)
     rtc = RTCConfig(guidance=guidance, schedule="exp", max_guidance_weight=5.0, execution_horizon=6)
-    eager_model = copy.deepcopy(model).use_fused(False)
+    eager_model = copy.deepcopy(model).with_stages("eager")
     references = {mode: _run(eager_model, frames, rtc, mode=mode) for mode in ENGINE_MODES}
     paths = [*[("off", m) for m in ENGINE_MODES], ("static", "oxygen"), ("static", "isolated")]
     for graphs, mode in paths:
@@ -155,7 +155,7 @@ def test_compiled_guided_denoise_equals_eager(model):
     cfg = model.config
     frames = _frames(cfg, 3)
     rtc = RTCConfig()
-    reference = _run(copy.deepcopy(model).use_fused(False), frames, rtc)
+    reference = _run(copy.deepcopy(model).with_stages("eager"), frames, rtc)
     out = _run(model, frames, rtc, "compile")
     for r, o in zip(reference, out, strict=True):
         torch.testing.assert_close(o.actions[0], r.actions[0], atol=ATOL, rtol=0)

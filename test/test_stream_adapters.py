@@ -48,14 +48,11 @@ def _frames(model, names: dict[str, str]) -> list[Frame]:
 
 
 def _run(model, mode: str, frames: list[Frame], adapters, fused: bool = True, **cfg):
-    model.use_fused(fused)
-    try:
-        eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=NO_EOS, max_new_tokens=16, **cfg),
-                           adapters=adapters)
-        results = [eng.step(Frame(fr.observation, [LanguageRequest(**vars(r)) for r in fr.requests], fr.noise,
-                                  stamp=fr.stamp)) for fr in frames]
-    finally:
-        model.use_fused(True)
+    model = model if fused else model.with_stages("eager")
+    eng = build_engine(model, EngineConfig(mode=mode, k=2, eos_id=NO_EOS, max_new_tokens=16, **cfg),
+                       adapters=adapters)
+    results = [eng.step(Frame(fr.observation, [LanguageRequest(**vars(r)) for r in fr.requests], fr.noise,
+                              stamp=fr.stamp)) for fr in frames]
     while eng.backlog:  # drain what is still in flight with frames that start nothing
         results.append(eng.step(Frame(frames[-1].observation, [], frames[-1].noise)))
     tokens = {(f.frame_index, f.stream): f.tokens for r in results for f in r.finished}

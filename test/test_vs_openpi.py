@@ -11,8 +11,8 @@ from conftest import assert_plot
 
 from oxygen_ros.bench import vs_openpi
 from oxygen_ros.engine import get_config
+from oxygen_ros.engine.backends.precision import apply_precision
 from oxygen_ros.engine.checkpoint import load_checkpoint
-from oxygen_ros.engine.precision import apply_precision
 from oxygen_ros.policy.synthetic import make_random_checkpoint
 
 
@@ -49,7 +49,7 @@ def test_islands_default_is_the_padded_eager_reference(tmp_path):
     ckpt = make_random_checkpoint(tmp_path / "ckpt", "tiny", None, std=0.1, camera_names=vs_openpi.OPENPI_SLOTS,
                                   action_dim=32, action_horizon=10)
     obs, noise = vs_openpi.make_inputs(cfg)
-    eager = apply_precision(load_checkpoint(ckpt), "bfloat16_islands").use_fused(False)
+    eager = apply_precision(load_checkpoint(ckpt), "bfloat16_islands").with_stages("eager")
     reference = eager.sample_actions(obs.to(eager.device, eager.input_dtype), noise.clone(), num_steps=10)[0]
     for variant in ("off", "step/off"):
         model = apply_precision(load_checkpoint(ckpt), "bfloat16_islands")

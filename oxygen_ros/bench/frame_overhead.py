@@ -1,7 +1,7 @@
 """The overhead-free frame, measured side by side in one run (``python -m oxygen_ros.bench.frame_overhead``):
 
 1. fused vs eager stages on one model (prefill, S-step denoise, decode steps at B = 1, 6, 30), interleaved, and
-   the static-shape steps of ``engine/graphs.py`` (``--graphs``: CUDA graphs on CUDA, torch.compile on CPU);
+   the static-shape steps of ``engine/backends/graphs.py`` (``--graphs``: CUDA graphs on CUDA, torch.compile on CPU);
 2. ``oxygen`` vs ``isolated`` at N = 30 (k = 1, 5), frames interleaved, mean- and median-based, plus ``oxygen``
    at the last k with speculation on and with graphs on (``--engine-graphs``);
 3. speculative decoding on vs off on the toy model's closed loop (memory stream, continuous: one request always
@@ -26,7 +26,7 @@ from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.bench.side_by_side import make_plan, measure_plan
 from oxygen_ros.bench.speculation import toy_memory_stream
-from oxygen_ros.engine.precision import PRECISIONS, apply_precision
+from oxygen_ros.engine.backends.precision import PRECISIONS, apply_precision
 from oxygen_ros.study.workload import Workload
 
 TARGETS = {"denoise": 2.5, "decode": 1.3, "prefill": 1.0}
@@ -49,7 +49,7 @@ def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: 
     graphs = graphs or default_graphs(device, engine=False)
     engine_graphs = engine_graphs or default_graphs(device, engine=True)
     model, onednn = build_model(config, preset, device, resolve_dtype(dtype, device), onednn=onednn)
-    if precision:  # e.g. bfloat16_islands (engine/precision.py)
+    if precision:  # e.g. bfloat16_islands (engine/backends/precision.py)
         apply_precision(model, precision)
     res: dict = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(device),
                  "config": {"model": config, "preset": preset, "parameters": model.num_parameters(),

@@ -82,8 +82,8 @@ def run(out: Path, config: str, device: str, precision: str, graphs: str, frames
     """Build the model, then every stage in order under the budget; results into ``out/results.jsonl``."""
     from oxygen_ros.bench.models import build_model
     from oxygen_ros.bench.runner import machine_info
+    from oxygen_ros.engine.backends.precision import apply_precision, cuda_math_state
     from oxygen_ros.engine.config import CAMERA_SLOTS
-    from oxygen_ros.engine.precision import apply_precision, cuda_math_state
 
     t_start = time.perf_counter()
     res = Results(out / "results.jsonl")

@@ -12,9 +12,9 @@ import torch
 from torch import nn
 
 from oxygen_ros.engine import Pi05Model, get_config
+from oxygen_ros.engine.backends.cpu_kernels import use_onednn
 from oxygen_ros.engine.checkpoint import init_random_weights
 from oxygen_ros.engine.config import DTYPES
-from oxygen_ros.engine.cpu_kernels import use_onednn
 from oxygen_ros.study.heads import make_extra_heads
 
 
@@ -61,7 +61,7 @@ def build_heads(model: Pi05Model, count: int, seed: int = 0, onednn: bool = Fals
 
 def compile_modules(roots: Iterable[nn.Module], mode: str, backend: str = "inductor") -> int:
     """torch.compile, in place, the pieces with static or few shapes; returns how many were compiled."""
-    from oxygen_ros.engine.graphs import allow_recompiles
+    from oxygen_ros.engine.backends.graphs import allow_recompiles
     from oxygen_ros.engine.layers import AdaRMSNorm, GemmaMLP, RMSNorm, SiglipVisionTower
 
     allow_recompiles(64)  # one entry per distinct (module class, width, shape kind)

@@ -1,5 +1,6 @@
 """Fused vs eager stages side by side: prefill, the S-step denoise loop and decode steps per batch size, and the
-static-shape steps of ``engine/graphs.py`` (captured CUDA graphs, torch.compile or plain static shapes) beside them.
+static-shape steps of ``engine/backends/graphs.py`` (captured CUDA graphs, torch.compile or plain static shapes)
+beside them.
 
 Every repeat runs each variant once, alternating (A B A B ...), so a noisy host slows both alike; the speedup is
 the median of the per-repeat ratios (and the ratio of the medians is kept beside it).
@@ -23,7 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from oxygen_ros.bench.observation import dummy_observation
 from oxygen_ros.engine import KVCache, Pi05Model
-from oxygen_ros.engine.graphs import FrameGraphs, resolve_backend
+from oxygen_ros.engine.backends.graphs import FrameGraphs, resolve_backend
 from oxygen_ros.engine.timing import synchronize
 
 VARIANTS = ("eager", "fused")
@@ -83,27 +84,23 @@ def _time(fn: Callable[[], object], device: torch.device) -> float:
 
 def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
                  floor: bool = True) -> dict:
-    """Interleaved timing of ``fns`` (variant -> call) on ``model``, each run with ``model.fused`` set to match
-    (only ``eager`` runs unfused). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present;
+    """Interleaved timing of ``fns`` (variant -> call) on ``model`` (``eager``'s call runs the model's eager stages,
+    :func:`stage_models`). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present;
     ``floor_s`` / ``bound``: the fused stage's compute floor (:func:`compute_floor`, once per round) and the
     median of the paired ratios eager / floor."""
     times: dict[str, list[float]] = {v: [] for v in fns}
     floors: list[float] | None = [] if floor else None  # floor=False: no profiler sessions
     for rep in range(warmup + repeats):
         for v, fn in fns.items():
-            model.use_fused(v != "eager")
             t = _time(fn, model.device)
             if rep >= warmup:
                 times[v].append(t)
         if rep >= warmup and floors is not None:  # the floor in the same rounds, paired with their eager call
-            model.use_fused(True)
             f = compute_floor(fns["fused"], model.device, repeats=1)
             floors = None if f is None else [*floors, f]
     out = {f"{v}_s": statistics.median(ts) for v, ts in times.items()}
     for v in VARIANTS:  # a compiled or captured step dispatches no ATen operations one by one
-        model.use_fused(v != "eager")
         out[f"{v}_ops"] = count_ops(fns[v])
-    model.use_fused(True)
     if floors and all(floors):
         out["floor_s"] = statistics.median(floors)
         out["bound"] = statistics.median(e / f for e, f in zip(times["eager"], floors, strict=True))
@@ -113,6 +110,12 @@ def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats
         out["graphs_speedup"] = statistics.median(e / g for e, g in zip(times["eager"], times["graphs"], strict=True))
     out["samples"] = {v: ts for v, ts in times.items()}
     return out
+
+
+def stage_models(model: Pi05Model) -> dict[str, Pi05Model]:
+    """Each variant's model: ``eager`` the eager reference stages over ``model``'s weights, the others ``model``."""
+    eager = model.with_stages("eager")
+    return {v: eager if v == "eager" else model for v in VARIANTS}
 
 
 def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decode_context: int = 30,
@@ -133,14 +136,15 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
     if resolve_backend(graphs, dev) != "off":
         static = FrameGraphs(model, cache, [model.head_parts()], cfg.num_steps, graphs)
     rows = slice(0, 1)
-    fns = {v: lambda: model.prefill(obs, cache, rows) for v in VARIANTS}
+    models = stage_models(model)
+    fns = {v: lambda m=models[v]: m.prefill(obs, cache, rows) for v in VARIANTS}
     if static is not None:
         fns["graphs"] = lambda: static.prefill(obs, 0)
     res = {"prefill": side_by_side(model, fns, repeats, floor=floor)}
     done("prefill", res["prefill"])
     prefix = model.prefill(obs, cache, rows)
     noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, device=dev)
-    fns = {v: lambda: model.denoise(prefix, cache, noise) for v in VARIANTS}
+    fns = {v: lambda m=models[v]: m.denoise(prefix, cache, noise) for v in VARIANTS}
     if static is not None:
         fns["graphs"] = lambda: static.denoise(prefix, [noise])
     res["denoise"] = side_by_side(model, fns, repeats, floor=floor)
@@ -154,10 +158,11 @@ def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decod
         pos = prefix.num_valid.expand(b) + decode_context
         tokens = torch.full((b,), 5, device=dev)
 
-        def step(b: int = b, idx: torch.Tensor = idx, pos: torch.Tensor = pos, tokens: torch.Tensor = tokens):
-            return model.decode_step(cache, slice(0, b), tokens, pos, idx, prefix.length + decode_context + 1)
+        def step(m: Pi05Model, b: int = b, idx: torch.Tensor = idx, pos: torch.Tensor = pos,
+                 tokens: torch.Tensor = tokens):
+            return m.decode_step(cache, slice(0, b), tokens, pos, idx, prefix.length + decode_context + 1)
 
-        fns = {v: step for v in VARIANTS}
+        fns = {v: lambda m=models[v], step=step: step(m) for v in VARIANTS}
         if static is not None:
             n = static.decode_bucket(b)
             wide = torch.stack([torch.cat([x, x[:1].expand(n - b)]) for x in (tokens, pos, idx)]).cpu()

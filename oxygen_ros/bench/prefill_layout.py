@@ -22,8 +22,8 @@ from oxygen_ros.bench.models import build_model
 from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine import Observation, Pi05Model
+from oxygen_ros.engine.backends.precision import apply_precision
 from oxygen_ros.engine.kv_cache import KVCache
-from oxygen_ros.engine.precision import apply_precision
 from oxygen_ros.util.host import cpu_name
 
 # name -> (masked camera slots, valid prompt tokens; None: the whole max_token_len)
@@ -91,8 +91,7 @@ def run(config: str, precision: str, pairs: int, threads: int) -> dict:
             obs = observation(model, masked, valid)
             padded = frame(model, obs, noise, "padded")
             compact = frame(model, obs, noise, "compact")
-            eager = frame(model.use_fused(False), obs, noise, "padded")
-            model.use_fused(True)
+            eager = frame(model.with_stages("eager"), obs, noise, "padded")
             point = paired(lambda obs=obs: frame(model, obs, noise, "padded"),
                            lambda obs=obs: frame(model, obs, noise, "compact"), pairs)
             point.update({"masked_cameras": list(masked), "valid_prompt_tokens": valid or cfg.max_token_len,

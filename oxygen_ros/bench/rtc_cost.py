@@ -6,7 +6,7 @@ One prefilled observation of the benchmark model (random weights, ``bench/models
 remainder (the node's cadence: the last chunk started ``--executed`` actions before the new observation, the delay
 ``--delay`` actions, the paper's settings: exp schedule, beta 5, the whole remainder guided). The denoise loop runs on
 each path the engine has, unguided and with ``identity`` guidance: ``eager`` (the reference modules), ``fused``
-(fast_path) and ``static`` (the static-shape step of ``engine/graphs.py``, the persistent guided step); ``vjp``
+(fast_path) and ``static`` (the static-shape step of ``engine/backends/graphs.py``, the persistent guided step); ``vjp``
 guidance has one path (eager modules under autograd, a backward pass per step). Every round times each variant once,
 in turn (interleaved, the order reversed every other round), so a noisy host slows all alike; a variant's cost is
 the median over rounds of its time over the same round's unguided time on the same path (``vjp`` against ``fused``,
@@ -30,7 +30,7 @@ from oxygen_ros.bench.progress import progress_bar
 from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine import KVCache
-from oxygen_ros.engine.graphs import FrameGraphs
+from oxygen_ros.engine.backends.graphs import FrameGraphs
 from oxygen_ros.engine.rtc import RTCConfig, RTCGuide, RTCPrefix
 from oxygen_ros.engine.timing import synchronize
 
@@ -85,11 +85,11 @@ def run(config: str = "small", preset: str = "libero", repeats: int = 15, delay:
     identity = RTCGuide.build(remainder, PAPER_SETTINGS, h, a, steps, dev)
     vjp = RTCGuide.build(remainder, dataclasses.replace(PAPER_SETTINGS, guidance="vjp"), h, a, steps, dev)
 
+    eager_model = model.with_stages("eager")
+
     def denoise(fused: bool, guide: RTCGuide | None) -> Callable[[], object]:
-        def call() -> object:
-            model.use_fused(fused)
-            return model.denoise(prefix, cache, noise, guide=guide)
-        return call
+        m = model if fused else eager_model
+        return lambda: m.denoise(prefix, cache, noise, guide=guide)
 
     fns = {"eager": denoise(False, None), "eager_identity": denoise(False, identity),
            "fused": denoise(True, None), "fused_identity": denoise(True, identity), "vjp": denoise(True, vjp)}
@@ -98,7 +98,6 @@ def run(config: str = "small", preset: str = "libero", repeats: int = 15, delay:
     if static:  # the engine's static-shape step (plain static shapes: no compile, no capture on a CPU)
         graphs = FrameGraphs(model, cache, [model.head_parts()], steps, "cuda" if dev.type == "cuda" else "static",
                              PAPER_SETTINGS)
-        model.use_fused(True)
         fns["static"] = lambda: graphs.denoise(prefix, [noise])
         fns["static_identity"] = lambda: graphs.denoise(prefix, [noise], identity)
         pairs["static_identity"] = ("static_identity", "static")
@@ -115,7 +114,6 @@ def run(config: str = "small", preset: str = "libero", repeats: int = 15, delay:
     res["identity_apply_ms"] = 1e3 * statistics.median(apply_s)
     res["identity_apply_share"] = res["identity_apply_ms"] / res["median_ms"]["fused"]
     with torch.no_grad():  # the guided chunks really differ from the unguided one (the guidance ran)
-        model.use_fused(True)
         plain = model.denoise(prefix, cache, noise)
         moved = {name: float((model.denoise(prefix, cache, noise, guide=g) - plain).abs().max())
                  for name, g in (("identity", identity), ("vjp", vjp))}

@@ -206,8 +206,8 @@ def run(args: argparse.Namespace) -> None:
     from safetensors.torch import load_model
 
     from oxygen_ros.engine import get_config
+    from oxygen_ros.engine.backends.precision import apply_precision
     from oxygen_ros.engine.checkpoint import load_checkpoint
-    from oxygen_ros.engine.precision import apply_precision
     from oxygen_ros.policy.synthetic import make_random_checkpoint
     from oxygen_ros.util.host import cpu_name
 

@@ -13,7 +13,6 @@ from torch import nn
 
 from .config import GemmaConfig, VisionConfig
 from .exact_ops import layer_norm, mean_last, softmax_last
-from .fusion import FusedStack
 
 
 class RMSNorm(nn.Module):
@@ -92,7 +91,10 @@ class GemmaLayer(nn.Module):
 
 
 class GemmaStack(nn.Module):
-    """Layers + final norm of one expert. ``cond_dim`` set -> adaRMSNorm everywhere (the action expert)."""
+    """Layers + final norm of one expert. ``cond_dim`` set -> adaRMSNorm everywhere (the action expert).
+
+    The fused stages keep the stack's fused weights in its ``__dict__`` (``backends.fusion.fused_stack``); a move or a
+    copy drops them, and the stack fuses again on its next fused use."""
 
     def __init__(self, cfg: GemmaConfig, vocab_size: int | None, cond_dim: int | None = None) -> None:
         super().__init__()
@@ -104,30 +106,9 @@ class GemmaStack(nn.Module):
             self.norm = RMSNorm(cfg.width, cfg.rms_eps)
         else:
             self.norm = AdaRMSNorm(cfg.width, cond_dim, cfg.rms_eps)
-        self.fused()
-
-    def fused(self, refresh: bool = False, pack: bool | tuple[bool, bool] | None = None) -> FusedStack:
-        """The stack's fused weights (fusion.py), fused again when a move or copy gave the parameters new storage.
-
-        ``pack``: from now on, run the fused projections on oneDNN-packed copies (``True``: every call, as
-        ``cpu_kernels.use_onednn``; ``(few, many)``: calls of that row class, as ``kernel_choice`` measured)."""
-        if pack is not None:
-            self.__dict__["_pack"] = (pack, pack) if isinstance(pack, bool) else tuple(pack)
-        fs = self.__dict__.get("_fused")
-        if fs is not None and torch.compiler.is_compiling():
-            return fs  # a traced step (graphs.py) runs on the weights fused before tracing; no pointer checks
-        packed = self.__dict__.get("_pack", (False, False))
-        if fs is not None and not refresh and packed == fs.packed and fs.valid(self):
-            return fs
-        with torch.inference_mode(False):  # the parameters become views of the fused weights: normal tensors
-            if fs is not None and not refresh and all(map(any, (packed, fs.packed))) and fs.valid(self):
-                fs.pack(*packed)  # from one packed policy to another: the packed copies stay
-            else:
-                fs = self.__dict__["_fused"] = FusedStack.build(self, packed)
-        return fs
 
     def _apply(self, fn, recurse: bool = True):
-        self.__dict__.pop("_fused", None)  # .to() / .half(): release the old storage, fuse again on next use
+        self.__dict__.pop("_fused", None)  # .to() / .half(): release the fused storage (backends/fusion.py)
         return super()._apply(fn, recurse)
 
     def __getstate__(self) -> dict:

@@ -11,13 +11,14 @@ the reference the cached paths are tested against.
 
 from __future__ import annotations
 
+import copy
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import fast_path
+from .backends import decode_tokens, make_stages
 from .config import Pi05Config
 from .kv_cache import KVCache
 from .layers import (
@@ -30,9 +31,10 @@ from .layers import (
     rope_cos_sin,
     sinusoidal_time_embedding,
 )
-from .observation import PREFILL_LAYOUTS, Observation
+from .observation import Observation
 from .parts import HeadParts, Prefix
 from .rtc import RTCGuide
+from .stages import denoise_vjp
 
 __all__ = ["HeadParts", "Pi05Model", "Prefix"]
 
@@ -82,32 +84,33 @@ def _euler_times(num_steps: int, schedule: str) -> list[float]:
 class Pi05Model(nn.Module):
     """pi0.5 (PaliGemma backbone + flow-matching action expert) whose KV cache is owned by the caller.
 
-    ``fused`` (default True): the cached stages run ``fast_path`` (fused projections, precomputed time conditioning);
-    False runs the eager module-by-module reference, same math (``use_fused`` switches it).
+    ``stages`` (``backends.STAGES``), picked once here: ``fused`` (the default) runs the cached stages on
+    ``backends/fast_path.py`` (fused projections, precomputed time conditioning); ``eager`` runs the module-by-module
+    reference (``stages.py``), same math. :meth:`with_stages` gives the other runner over the same weights.
     """
 
-    fused: bool = True
-    # precision.py's ``bfloat16_islands`` sets it: in a low-precision dtype, round where openpi's bf16 model rounds
-    # (attention scores and probabilities, bf16 RoPE frequencies, un-fused products before each sum)
-    openpi_rounding: bool = False
-    # the fused prefill's layout (observation.PREFILL_LAYOUTS) when the caller names none: auto = padded where the
-    # model rounds as openpi (bit-identical to openpi's bf16), compact (masked work skipped) otherwise
-    prefill_layout: str = "auto"
-
-    def use_fused(self, on: bool = True) -> Pi05Model:
-        """Run the cached stages fused (True) or as the eager reference (False); returns the model."""
-        self.fused = on
-        return self
-
-    def __init__(self, config: Pi05Config) -> None:
+    def __init__(self, config: Pi05Config, stages: str = "fused") -> None:
         super().__init__()
         self.config = config
+        # precision.py's ``bfloat16_islands`` sets it: in a low-precision dtype, round where openpi's bf16 model
+        # rounds (attention scores and probabilities, bf16 RoPE frequencies, un-fused products before each sum)
+        self.openpi_rounding = False
         ew = config.expert.width
         self.paligemma_with_expert = _PaliGemmaWithExpert(config)
         self.action_in_proj = nn.Linear(config.action_dim, ew)
         self.action_out_proj = nn.Linear(ew, config.action_dim)
         self.time_mlp_in = nn.Linear(ew, ew)
         self.time_mlp_out = nn.Linear(ew, ew)
+        self.stages = make_stages(stages)
+        self.stages.prepare(self)
+
+    def with_stages(self, stages: str) -> Pi05Model:
+        """This model (the same modules and weights) running its cached stages with ``stages`` (the tests compare
+        the fused stages with the eager reference)."""
+        view = copy.copy(self)
+        view.stages = make_stages(stages)
+        view.stages.prepare(view)
+        return view
 
     # ------------------------------------------------------------------------------------------ accessors
     @property
@@ -215,14 +218,9 @@ class Pi05Model(nn.Module):
         return rope_cos_sin(positions, g.head_dim, g.rope_theta, self.dtype, self.rope_freq_dtype)
 
     def compacts(self, layout: str | None = None) -> bool:
-        """Whether the fused prefill drops masked cameras and padded prompt columns under ``layout`` (None: the
-        model's ``prefill_layout``): ``compact``, or ``auto`` in a precision without openpi's roundings."""
-        layout = layout or self.prefill_layout
-        if layout not in PREFILL_LAYOUTS:
-            raise ValueError(f"prefill_layout must be one of {PREFILL_LAYOUTS}, got {layout!r}")
-        if layout == "auto" and self.prefill_layout != "auto":
-            layout = self.prefill_layout
-        return layout == "compact" or (layout == "auto" and not self.rounded)
+        """Whether the prefill drops masked cameras and padded prompt columns under ``layout``
+        (observation.PREFILL_LAYOUTS; None: ``auto``), as the stage runner decides (the eager one never does)."""
+        return self.stages.compacts(self, layout)
 
     # ------------------------------------------------------------------------------------------ cached stages
     @torch.no_grad()
@@ -230,14 +228,13 @@ class Pi05Model(nn.Module):
                 layout: str | None = None) -> Prefix:
         """Run the backbone over the prefix and write its K/V into ``cache`` slots ``rows`` (default 0..B).
 
-        The fast path (``fused``) runs the last layer's attention output and MLP only at each row's last valid
+        The fused stages run the last layer's attention output and MLP only at each row's last valid
         token (the one hidden state a prefix keeps), and with a compact ``layout`` (:meth:`compacts`) skips what the
         observation masks out (:meth:`Observation.compacted`); the eager reference computes every padded position,
         as openpi does. All give the same K/V at the valid positions and the same ``last_hidden`` up to the order of
         summation (bit-identical in openpi's bf16 roundings only in the padded layout)."""
-        b = obs.batch_size
-        rows = rows if rows is not None else slice(0, b)
-        if self.fused and self.compacts(layout):
+        rows = rows if rows is not None else slice(0, obs.batch_size)
+        if self.stages.compacts(self, layout):
             obs = obs.compacted()
         embs, valid = self.embed_prefix(obs)
         p = embs.shape[1]
@@ -247,27 +244,8 @@ class Pi05Model(nn.Module):
         cache.valid[rows, :p] = valid
         num_valid = valid.sum(1)
         last = torch.arange(p, device=valid.device).masked_fill(~valid, -1).argmax(1)
-        if self.fused:
-            with torch.inference_mode():  # no autograd bookkeeping per op (the fast path's tensors are scratch)
-                h = fast_path.prefill(self, embs, valid, cache, rows, last=last)[:, 0]
-        else:
-            h = self._prefill_eager(embs, valid, cache, rows)[torch.arange(b, device=valid.device), last]
-        last_hidden, _ = self.backbone.norm(h)
+        last_hidden, _ = self.backbone.norm(self.stages.prefill(self, embs, valid, cache, rows, last))
         return Prefix(rows, p, num_valid, last_hidden)
-
-    def _prefill_eager(self, embs: torch.Tensor, valid: torch.Tensor, cache: KVCache, rows: slice) -> torch.Tensor:
-        b, p = valid.shape
-        cos, sin = self._rope(valid.cumsum(1) - 1)
-        # Prefix-LM: every query sees every valid key (padded queries too, so no row is all-masked).
-        mask = valid[:, None, :].expand(b, p, p)
-        h = embs
-        for i, layer in enumerate(self.backbone.layers):
-            x, _ = layer.input_layernorm(h)
-            q, k, v = self._qkv(layer, x, cos, sin)
-            cache.k[i, rows, :, :p] = k
-            cache.v[i, rows, :, :p] = v
-            h = self._attn_out_mlp(layer, h, gqa_attention(q, k, v, mask, self.rounded), None, None)
-        return h
 
     @torch.no_grad()
     def denoise(
@@ -282,13 +260,10 @@ class Pi05Model(nn.Module):
         ``guide``: real-time chunking toward the previous chunk (``rtc.py``); ``vjp`` guidance runs every step through
         the reference modules under autograd, writing nothing to the cache (fused or not).
         """
-        cfg = self.config
         head = head or self.head_parts()
-        rows, p = prefix.rows, prefix.length
-        b = prefix.num_valid.shape[0]
-        h_len = head.horizon
-        num_steps = num_steps or cfg.num_steps
-        if p + h_len > cache.max_len:
+        b, h_len = prefix.num_valid.shape[0], head.horizon
+        num_steps = num_steps or self.config.num_steps
+        if prefix.length + h_len > cache.max_len:
             raise ValueError("cache too short for the action scratch")
         if noise is None:
             noise = torch.randn(b, h_len, head.action_in_proj.in_features, device=self.device)
@@ -296,64 +271,8 @@ class Pi05Model(nn.Module):
         if guide is not None:
             guide = guide.to(self.device)
             if guide.vjp:
-                return self._denoise_vjp(prefix, cache, noise, num_steps, head, guide)
-        if self.fused:
-            with torch.inference_mode():  # no autograd bookkeeping per op; the chunk returned is a normal tensor
-                actions = fast_path.denoise(self, prefix, cache, noise, num_steps, head, guide)
-            return actions.clone()
-        dev = noise.device
-        positions = prefix.num_valid[:, None] + torch.arange(h_len, device=dev)
-        cos, sin = self._rope(positions)
-        mask = torch.cat([cache.valid[rows, :p], torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
-        mask = mask[:, None, :].expand(b, h_len, p + h_len)
-
-        dt = -1.0 / num_steps
-        x_t = noise.float()
-        for step, time_k in enumerate(self.denoise_times(num_steps)):
-            t = torch.tensor(time_k, dtype=torch.float32, device=dev)
-            h, cond = self.embed_suffix(x_t, t.expand(b), head)
-            for i, layer in enumerate(head.stack.layers):
-                x, gate = layer.input_layernorm(h, cond)
-                q, k, v = self._qkv(layer, x, cos, sin)
-                cache.k[i, rows, :, p:p + h_len] = k
-                cache.v[i, rows, :, p:p + h_len] = v
-                attn = gqa_attention(q, cache.k[i, rows, :, :p + h_len], cache.v[i, rows, :, :p + h_len], mask,
-                                     self.rounded)
-                h = self._attn_out_mlp(layer, h, attn, gate, cond)
-            h, _ = head.stack.norm(h, cond)
-            v_t = head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
-            if guide is not None:
-                v_t = guide.apply(step, x_t, v_t)
-            x_t = x_t + dt * v_t
-        return x_t
-
-    def _denoise_vjp(self, prefix: Prefix, cache: KVCache, noise: torch.Tensor, num_steps: int, head: HeadParts,
-                     guide: RTCGuide) -> torch.Tensor:
-        """The Euler loop with ``vjp`` guidance: each step's velocity is differentiated in x through the action
-        expert, the prefix K/V (read from the cache, never written) held constant."""
-        rows, p = prefix.rows, prefix.length
-        b, h_len, dev = prefix.num_valid.shape[0], head.horizon, noise.device
-        cos, sin = self._rope(prefix.num_valid[:, None] + torch.arange(h_len, device=dev))
-        mask = torch.cat([cache.valid[rows, :p], torch.ones(b, h_len, dtype=torch.bool, device=dev)], 1)
-        mask = mask[:, None, :].expand(b, h_len, p + h_len)
-        ks = [cache.k[i, rows, :, :p] for i in range(len(head.stack.layers))]
-        vs = [cache.v[i, rows, :, :p] for i in range(len(head.stack.layers))]
-
-        def velocity(x_t: torch.Tensor, time_k: float) -> torch.Tensor:
-            h, cond = self.embed_suffix(x_t, torch.tensor(time_k, dtype=torch.float32, device=dev).expand(b), head)
-            for i, layer in enumerate(head.stack.layers):
-                x, gate = layer.input_layernorm(h, cond)
-                q, k, v = self._qkv(layer, x, cos, sin)
-                attn = gqa_attention(q, torch.cat([ks[i], k], 2), torch.cat([vs[i], v], 2), mask, self.rounded)
-                h = self._attn_out_mlp(layer, h, attn, gate, cond)
-            h, _ = head.stack.norm(h, cond)
-            return head.action_out_proj(h.to(head.action_out_proj.weight.dtype)).float()
-
-        dt = -1.0 / num_steps
-        x_t = noise.float()
-        for step, time_k in enumerate(self.denoise_times(num_steps)):
-            x_t = x_t + dt * guide.apply_vjp(step, x_t, lambda x, time_k=time_k: velocity(x, time_k))
-        return x_t
+                return denoise_vjp(self, prefix, cache, noise, num_steps, head, guide)
+        return self.stages.denoise(self, prefix, cache, noise, num_steps, head, guide)
 
     @torch.no_grad()
     def decode_step(
@@ -372,35 +291,7 @@ class Pi05Model(nn.Module):
         and attends to its own valid positions in [0, attn_len). ``lora`` (optional) adapts the backbone's
         projections for these tokens only.
         """
-        if self.fused:
-            cache.valid[rows][torch.arange(tokens.shape[0], device=tokens.device), write_index] = True
-            with torch.inference_mode():  # no autograd bookkeeping per op; the logits returned are a normal tensor
-                logits = fast_path.decode_tokens(self, cache, rows, tokens[:, None], positions[:, None],
-                                                 write_index[:, None], attn_len, lora)
-            return logits[:, 0].clone()
-        b = tokens.shape[0]
-        ar = torch.arange(b, device=tokens.device)
-        valid = cache.valid[rows]
-        valid[ar, write_index] = True
-        mask = valid[:, None, :attn_len]
-        cos, sin = self._rope(positions[:, None])
-        h = self.embed_tokens(tokens[:, None])
-        for i, layer in enumerate(self.backbone.layers):
-            x, _ = layer.input_layernorm(h)
-            if lora is None:
-                q, k, v = self._qkv(layer, x, cos, sin)
-            else:
-                q, k, v = lora.qkv(self, i, layer, x, cos, sin)
-            kc, vc = cache.k[i, rows], cache.v[i, rows]
-            kc[ar, :, write_index] = k[:, :, 0]
-            vc[ar, :, write_index] = v[:, :, 0]
-            attn = gqa_attention(q, kc[:, :, :attn_len], vc[:, :, :attn_len], mask, self.rounded)
-            if lora is None:
-                h = self._attn_out_mlp(layer, h, attn, None, None)
-            else:
-                h = lora.attn_out_mlp(self, i, layer, h, attn)
-        h, _ = self.backbone.norm(h[:, 0])
-        return self.lm_logits(h).float()
+        return self.stages.decode_step(self, cache, rows, tokens, positions, write_index, attn_len, lora)
 
     @torch.no_grad()
     def decode_tokens(self, cache: KVCache, rows: slice, tokens: torch.Tensor, positions: torch.Tensor,
@@ -409,9 +300,7 @@ class Pi05Model(nn.Module):
 
         Token j attends to the row's valid cache positions in [0, attn_len) and to its tokens 0..j; nothing is
         marked valid (the caller keeps what it accepts). Always the fused path (speculative verification)."""
-        with torch.inference_mode():
-            logits = fast_path.decode_tokens(self, cache, rows, tokens, positions, write_index, attn_len, lora)
-        return logits.clone()
+        return decode_tokens(self, cache, rows, tokens, positions, write_index, attn_len, lora)
 
     # ------------------------------------------------------------------------------------------ public API
     @torch.no_grad()

@@ -14,8 +14,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .graphs import FrameGraphs, resolve_backend
-from .kernel_choice import StageTiming, choose, synthetic_observation, time_pair
+from .backends import FrameGraphs, StageTiming, choose, resolve_backend, synthetic_observation, time_pair
 from .kv_cache import KVCache
 from .lora import LoraAdapter, LoraSet, batch_lora
 from .model import Pi05Model, Prefix

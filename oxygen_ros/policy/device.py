@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from oxygen_ros.engine.precision import PRECISIONS
+from oxygen_ros.engine.backends.precision import PRECISIONS
 
 __all__ = ["PrecisionChoice", "choose_precision", "resolve_device", "resolve_precision"]
 
@@ -69,7 +69,7 @@ def choose_precision(device: torch.device, dtype: str, framework: str | None = N
 
 def resolve_precision(device: torch.device, dtype: str, framework: str | None = None,
                       checkpoint_dtype: str = "") -> str:
-    """The precision policy (``oxygen_ros.engine.precision.PRECISIONS``) of the ``dtype`` parameter:
+    """The precision policy (``oxygen_ros.engine.backends.precision.PRECISIONS``) of the ``dtype`` parameter:
     :func:`choose_precision` without the reason."""
     return choose_precision(device, dtype, framework, checkpoint_dtype).precision
 

@@ -13,7 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from oxygen_ros.engine.kernel_choice import KERNEL_CHOICES
+from oxygen_ros.engine.backends.kernel_choice import KERNEL_CHOICES
 from oxygen_ros.engine.modes import GRAPH_BACKENDS, NODE_MODES, OVERFLOW_POLICIES
 from oxygen_ros.engine.observation import PREFILL_LAYOUTS
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES

@@ -18,12 +18,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oxygen_ros.engine.backends.precision import apply_precision
 from oxygen_ros.engine.checkpoint import CheckpointError, infer_config, load_state_dict_into, read_tensors
 from oxygen_ros.engine.checkpoint import read_config as read_oxygen_config
 from oxygen_ros.engine.config import get_config
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.observation import Observation
-from oxygen_ros.engine.precision import apply_precision
 from oxygen_ros.engine.rtc import RTCConfig, RTCGuide, RTCPrefix
 from oxygen_ros.engine.tokenizer import PromptTokenizer
 
@@ -260,7 +260,7 @@ def load_policy(checkpoint: str | Path, options: SpecOptions | None = None, *, d
                 device: torch.device | str = "cpu", generated: bool = False, precision: str | None = None) -> Policy:
     """Read a checkpoint directory of any supported layout into a :class:`Policy`.
 
-    ``precision`` (a key of ``oxygen_ros.engine.precision.PRECISIONS``, e.g. ``bfloat16_islands``, or ``auto``:
+    ``precision`` (a key of ``oxygen_ros.engine.backends.precision.PRECISIONS``, e.g. ``bfloat16_islands``, or ``auto``:
     the checkpoint's framework decides, :func:`oxygen_ros.policy.device.choose_precision`) casts the model by that
     policy instead of wholly to ``dtype``; ``Policy.precision`` says which and why.
 

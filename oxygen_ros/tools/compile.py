@@ -31,12 +31,12 @@ from collections.abc import Sequence
 import torch
 
 from oxygen_ros.engine import get_config
+from oxygen_ros.engine.backends.precision import PRECISIONS, apply_precision
 from oxygen_ros.engine.checkpoint import init_random_weights, load_checkpoint
 from oxygen_ros.engine.config import MODEL_CONFIGS, WORKLOAD_PRESETS
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.modes import NODE_MODES
-from oxygen_ros.engine.precision import PRECISIONS, apply_precision
 from oxygen_ros.engine.rtc import RTCConfig
 
 

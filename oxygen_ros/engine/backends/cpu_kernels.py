@@ -11,7 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .layers import GemmaStack
+from ..layers import GemmaStack
+from .fusion import fused_stack
 
 MAX_ROWS = 64  # oneDNN only for small row counts (decode, denoise)
 MIN_WEIGHT = 1 << 20  # ... and for matrices large enough to amortise the format conversion
@@ -54,7 +55,7 @@ def use_onednn(model: nn.Module) -> int:
     for module in model.modules():
         if isinstance(module, GemmaStack) and module.layers[0].mlp.down_proj.weight.dtype == torch.float32 \
                 and not module.layers[0].mlp.down_proj.weight.is_cuda:
-            module.fused(pack=True)
+            fused_stack(module, pack=True)
     n = 0
     for name, module in model.named_modules():
         if name.endswith("lm_head"):

@@ -47,7 +47,7 @@ import logging
 import torch
 from torch import nn
 
-from .layers import AdaRMSNorm, RMSNorm, SiglipEmbeddings
+from ..layers import AdaRMSNorm, RMSNorm, SiglipEmbeddings
 
 PRECISIONS: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16,
                                       "float16": torch.float16, "bfloat16_islands": torch.bfloat16,
@@ -127,7 +127,7 @@ def apply_precision(model: nn.Module, precision: str) -> nn.Module:
         for p, value in exact:
             p.copy_(value)
     for m in model.modules():
-        if hasattr(type(m), "openpi_rounding"):
+        if hasattr(m, "openpi_rounding"):  # Pi05Model and the norms and embeddings of layers.py
             m.openpi_rounding = precision in ROUNDED
     math = apply_cuda_math(precision)
     model.__dict__["cuda_math"] = math  # what the configure log reports (Policy.precision_line)

@@ -7,7 +7,8 @@
   (SDPA would convert a boolean one in every layer); the cache's per-layer views taken once per stage;
 - decode steps over rows of several tokens each (speculative verification, ``decode_tokens``).
 
-``Pi05Model.fused = False`` runs the eager, module-by-module reference instead (the tests compare the two).
+``backends/fused.py`` runs them as a model's stage runner; ``stages.EagerStages`` is the eager, module-by-module
+reference (the tests compare the two).
 """
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import GemmaConfig
-from .exact_ops import mean_last
-from .fusion import FusedStack
-from .kv_cache import KVCache
-from .layers import GemmaStack, rope_cos_sin, rounded_attention, sinusoidal_time_embedding
-from .lora import LoraAdapter
-from .parts import HeadParts, Prefix
-from .rtc import RTCGuide
+from ..config import GemmaConfig
+from ..exact_ops import mean_last
+from ..kv_cache import KVCache
+from ..layers import GemmaStack, rope_cos_sin, rounded_attention, sinusoidal_time_embedding
+from ..lora import LoraAdapter
+from ..parts import HeadParts, Prefix
+from ..rtc import RTCGuide
+from .fusion import FusedStack, fused_stack
 
-Pi05Model = nn.Module  # the model (model.py imports this module): its config, backbone, dtype, embeddings
+Pi05Model = nn.Module  # the model (its fused stage runner calls this module): config, backbone, dtype, embeddings
 
 # attend(layer, q [B, T, Hq, D], k [B, T, Hkv, D], v [B, T, Hkv, D]) -> attention output [B, T, Hq * D]
 Attend = Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -151,7 +152,7 @@ def prefill(model: Pi05Model, embs: torch.Tensor, valid: torch.Tensor, cache: KV
     pi0.5's action path nothing else of the last layer is used; openpi computes it all).
     ``rope``: a table covering P positions (else the model's, grown to P: no host read)."""
     stack = model.backbone
-    fs, g = stack.fused(), stack.cfg
+    fs, g = fused_stack(stack), stack.cfg
     b, p = valid.shape
     positions = valid.cumsum(1) - 1
     # positions < p: a table of p positions covers them without reading the largest back from the device
@@ -183,7 +184,7 @@ def time_conditioning(model: Pi05Model, head: HeadParts, times: list[float]) -> 
     """Per denoise step, every adaRMS norm's (1 + scale, shift, gate) of ``head``'s stack: one time MLP and one
     matrix product for all steps, computed once per set of times and weights (a frame's denoise reads the memo;
     an in-place load or a move of the weights computes it again)."""
-    fs = head.stack.fused()
+    fs = fused_stack(head.stack)
     sources = (fs.cond.weight, head.time_mlp_in.weight, head.time_mlp_out.weight, head.time_mlp_in.bias,
                head.time_mlp_out.bias, fs.cond.bias)
     key = (tuple(times), model.rounded, *((t.data_ptr(), t._version) for t in sources if t is not None))
@@ -230,7 +231,7 @@ def denoise_kv(model: Pi05Model, head: HeadParts, ks: list[torch.Tensor], vs: li
     arguments' shapes and nothing syncs with the host: the captured graph runs exactly this (``graphs.py``).
     ``guide``: identity real-time-chunking guidance of every step's velocity (its tensors are read, not copied)."""
     stack = head.stack
-    fs, g = stack.fused(), stack.cfg
+    fs, g = fused_stack(stack), stack.cfg
     h_len = head.horizon
     b, p = valid.shape
     dev = noise.device
@@ -274,7 +275,7 @@ def decode_tokens(model: Pi05Model, cache: KVCache, rows: slice, tokens: torch.T
     ``views``: ``cache.layer_views(rows)``, taken by the caller (a compiled step must not guard on the memo).
     """
     stack = model.backbone
-    fs, g = stack.fused(), stack.cfg
+    fs, g = fused_stack(stack), stack.cfg
     b, t = tokens.shape
     dev = tokens.device
     # a token's RoPE position never exceeds its write index (< attn_len): no host read of the largest position

@@ -5,7 +5,7 @@ The parameters keep their modules and names (checkpoint keys, loading and saving
 are views into the concatenated tensor, so in-place loads (``load_state_dict``, ``copy_``) and optimiser steps
 update the fused matrix too. Moving or copying a module (``.to``, ``deepcopy``) gives the parameters new storage;
 :meth:`FusedStack.valid` notices and the stack fuses again on its next use. Only a direct ``param.data = ...`` on a
-fused parameter goes unnoticed: call ``stack.fused(refresh=True)`` after one.
+fused parameter goes unnoticed: call ``fused_stack(stack, refresh=True)`` after one.
 """
 
 from __future__ import annotations
@@ -140,3 +140,24 @@ class FusedStack:
         policy = PackPolicy(few, many)
         for f in (*self.qkv, *self.gate_up, *self.o, *self.down):
             f.pack(policy)
+
+
+def fused_stack(stack: nn.Module, refresh: bool = False, pack: bool | tuple[bool, bool] | None = None) -> FusedStack:
+    """The Gemma stack's fused weights, fused again when a move or copy gave the parameters new storage.
+
+    ``pack``: from now on, run the fused projections on oneDNN-packed copies (``True``: every call, as
+    ``cpu_kernels.use_onednn``; ``(few, many)``: calls of that row class, as ``kernel_choice`` measured)."""
+    if pack is not None:
+        stack.__dict__["_pack"] = (pack, pack) if isinstance(pack, bool) else tuple(pack)
+    fs = stack.__dict__.get("_fused")
+    if fs is not None and torch.compiler.is_compiling():
+        return fs  # a traced step (graphs.py) runs on the weights fused before tracing; no pointer checks
+    packed = stack.__dict__.get("_pack", (False, False))
+    if fs is not None and not refresh and packed == fs.packed and fs.valid(stack):
+        return fs
+    with torch.inference_mode(False):  # the parameters become views of the fused weights: normal tensors
+        if fs is not None and not refresh and all(map(any, (packed, fs.packed))) and fs.valid(stack):
+            fs.pack(*packed)  # from one packed policy to another: the packed copies stay
+        else:
+            fs = stack.__dict__["_fused"] = FusedStack.build(stack, packed)
+    return fs

@@ -33,13 +33,13 @@ from pathlib import Path
 
 import torch
 
+from ..kv_cache import KVCache
+from ..modes import GRAPH_BACKENDS
+from ..observation import Observation
+from ..parts import HeadParts, Prefix
+from ..rtc import RTCConfig, RTCGuide, RTCPrefix
 from . import fast_path
 from .fast_path import RopeTable
-from .kv_cache import KVCache
-from .modes import GRAPH_BACKENDS
-from .observation import Observation
-from .parts import HeadParts, Prefix
-from .rtc import RTCConfig, RTCGuide, RTCPrefix
 from .step_weights import StepWeights
 
 

@@ -35,13 +35,13 @@ import torch
 
 from oxygen_ros.util.host import cpu_name
 
+from ..kv_cache import KVCache
+from ..layers import GemmaStack
+from ..observation import Observation
+from ..parts import HeadParts
 from .compiled_store import default_cache_dir, digest
-from .fusion import PACKED_DTYPES
-from .kv_cache import KVCache
-from .layers import GemmaStack
-from .observation import Observation
+from .fusion import PACKED_DTYPES, fused_stack
 from .packed_linear import packed_available
-from .parts import HeadParts
 
 log = logging.getLogger(__name__)
 
@@ -137,8 +137,8 @@ def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[
     cache = KVCache(cfg, DECODE_ROWS, cfg.max_prefix_len + max(head.horizon, 2), dtype=model.dtype, device=dev)
     noise = torch.randn(1, head.horizon, head.action_in_proj.in_features, generator=torch.Generator().manual_seed(1))
     noise = noise.to(dev)
-    backbone.fused(pack=True)
-    expert.fused(pack=True)
+    fused_stack(backbone, pack=True)
+    fused_stack(expert, pack=True)
 
     def both(set_packed: Callable[[bool], None], run: Callable[[], object],
              outputs: Callable[[], list[torch.Tensor]],
@@ -153,9 +153,9 @@ def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[
         prefix = model.prefill(obs, cache, slice(0, 1))
         rows = int(obs.image_masks.sum()) * cfg.vision.tokens_per_image + prefix_tokens
         timings.append(StageTiming("prefill", rows, *both(
-            lambda on: backbone.fused(pack=(True, on)), lambda: model.prefill(obs, cache, slice(0, 1)),
+            lambda on: fused_stack(backbone, pack=(True, on)), lambda: model.prefill(obs, cache, slice(0, 1)),
             lambda: [cache.k[:, 0], cache.v[:, 0]],
-            lambda on: backbone.fused(pack=(on, on)))))  # the bit check: a short prefix is a few-rows call
+            lambda on: fused_stack(backbone, pack=(on, on)))))  # the bit check: a short prefix is a few-rows call
         for r in range(1, DECODE_ROWS):  # every decode row reads the same prefix
             cache.k[:, r], cache.v[:, r], cache.valid[r] = cache.k[:, 0], cache.v[:, 0], cache.valid[0]
         p = prefix.length
@@ -167,13 +167,13 @@ def measure(model, head: HeadParts, num_steps: int, prefix_tokens: int) -> list[
             logits[:] = [model.decode_step(cache, slice(0, DECODE_ROWS), decode_tokens,
                                            prefix.num_valid.expand(DECODE_ROWS), step, p + 1)]
         timings.append(StageTiming("decode", DECODE_ROWS, *both(
-            lambda on: backbone.fused(pack=(on, True)), decode, lambda: logits)))
+            lambda on: fused_stack(backbone, pack=(on, True)), decode, lambda: logits)))
         actions: list[torch.Tensor] = []
 
         def denoise() -> None:
             actions[:] = [model.denoise(prefix, cache, noise, num_steps, head)]
         timings.append(StageTiming("denoise", head.horizon, *both(
-            lambda on: expert.fused(pack=on), denoise, lambda: actions)))
+            lambda on: fused_stack(expert, pack=on), denoise, lambda: actions)))
     return timings
 
 
@@ -190,7 +190,7 @@ def _key(backbone: GemmaStack, experts: list[GemmaStack], rows: dict[str, int]) 
 
 
 def _applicable(stack: GemmaStack) -> bool:
-    w = stack.fused().qkv[0].weight
+    w = fused_stack(stack).qkv[0].weight
     return w.device.type == "cpu" and w.dtype in PACKED_DTYPES and packed_available()
 
 
@@ -222,9 +222,9 @@ def choose(model, heads: list[HeadParts], num_steps: int, how: str = "auto",
             timings = measure(model, heads[0], num_steps, prefix_tokens)
             choice = KernelChoice(*(t.packed for t in timings), "measured", timings)
             _write(path, key, choice)
-    backbone.fused(pack=(choice.decode, choice.prefill))
+    fused_stack(backbone, pack=(choice.decode, choice.prefill))
     for e in experts:
-        e.fused(pack=(choice.denoise, choice.denoise))
+        fused_stack(e, pack=(choice.denoise, choice.denoise))
     log.info(choice.summary())
     return choice
 

@@ -16,7 +16,8 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
-from .layers import GemmaStack
+from ..layers import GemmaStack
+from .fusion import fused_stack
 
 # (holder, attribute) of one place a weight is read from: a module's _parameters / _buffers dict, or a fused object
 _Slot = tuple[object, str, str]  # (holder, "param" | "buffer" | "attr", name)
@@ -45,7 +46,7 @@ class StepWeights:
                         if t is not None and id(t) not in fused_params:
                             add(f"{mod_name}.{name}", t, (mod, kind, name))
         for i, stack in enumerate(self.stacks):
-            fs = stack.fused()
+            fs = fused_stack(stack)
             for part in ("qkv", "gate_up", "o", "down"):
                 for j, f in enumerate(getattr(fs, part)):
                     for attr in ("weight", "bias"):
