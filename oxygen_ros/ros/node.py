@@ -73,6 +73,7 @@ from oxygen_ros.msg import ActionChunk, ExecutedPlan, LanguageOutput
 from oxygen_ros.policy.coverage import CoverageWatch, coverage_warning
 from oxygen_ros.policy.hooks import install_runner_hook
 from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
+from oxygen_ros.robot.faults import FaultCounter
 
 from . import qos
 from .action_guard import ActionGuard, limit_parameters
@@ -92,7 +93,6 @@ from .param_io import declare_specs, read_specs_of
 from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .publishers import language_output, make_action_chunk, make_trajectory
 from .run_server import RunHooks, RunTaskServer
-from .safety import FaultCounter
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
 

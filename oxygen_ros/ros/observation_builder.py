@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from oxygen_ros.policy import Policy, PreparedObservation, RawObservation
+from oxygen_ros.robot.newest import NewestPerPublisher
 
 from .camera_sync import best_match
 from .diagnostics import ReasonCounter
@@ -178,7 +179,7 @@ class InputStore:
         self._seen = np.zeros(len(self.joint_names), dtype=bool)
         self._joint_arrival_ns = np.zeros(len(self.joint_names), dtype=np.int64)  # node clock, per joint
         self._instruction: str | None = None
-        self._instruction_seq: dict[str, int] = {}  # publisher -> newest sequence number taken
+        self._instruction_new = NewestPerPublisher()  # each publisher's newest instruction only
         self._instruction_owned = False  # a ~/run goal owns the instruction: the topic's messages are ignored
         self.instructions_ignored = 0  # topic instructions ignored while a ~/run goal owned the instruction
         if instruction:
@@ -313,7 +314,7 @@ class InputStore:
         instructions, a volatile one for volatile publishers), so a transient-local publisher's messages arrive
         twice; a message not newer than the last one taken from the same publisher is ignored (not counted).
         """
-        if info is not None and self._seen_before(info):
+        if not self._instruction_new.is_new(info):
             return False
         with self._lock:
             if self._instruction_owned:
@@ -334,17 +335,6 @@ class InputStore:
         """The goal ended: its instruction stays until the topic sends a new one."""
         with self._lock:
             self._instruction_owned = False
-
-    def _seen_before(self, info: Mapping[str, Any]) -> bool:
-        gid, seq = info.get("publisher_gid"), info.get("publication_sequence_number")
-        if gid is None or seq is None:
-            return False
-        key = repr(gid.get("data", gid) if isinstance(gid, Mapping) else gid)
-        with self._lock:
-            if seq <= self._instruction_seq.get(key, -1):
-                return True
-            self._instruction_seq[key] = int(seq)
-        return False
 
     def _set_instruction(self, text: str) -> bool:
         cap = self.max_instruction_chars
