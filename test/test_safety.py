@@ -272,7 +272,7 @@ def test_an_image_already_too_old_on_arrival_is_rejected_with_its_reason() -> No
     pytest.importorskip("rclpy", reason="rclpy is not installed")
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import array_to_image_msg
-    from oxygen_ros.ros.observation_builder import InputStore
+    from oxygen_ros.ros.input_store import InputStore
 
     now = 50 * SEC
     store = InputStore(["cam"], JOINTS, ReasonCounter(None, "rejected"), node_clock_ns=lambda: now,

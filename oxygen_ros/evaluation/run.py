@@ -2,7 +2,7 @@
 a virtual clock that steps through the bag time at the node's ``control_rate_hz``, without DDS.
 
 Messages are fed in bag order up to each tick into the node's
-:class:`~oxygen_ros.ros.observation_builder.InputStore` (clocked by the bag time), which validates each on
+:class:`~oxygen_ros.ros.input_store.InputStore` (clocked by the bag time), which validates each on
 arrival (a bad one is counted and ignored; the previous valid value stays; images are decoded when a frame uses
 them): camera images
 (``sensor_msgs/Image`` or ``CompressedImage``), the instruction (``std_msgs/String``) and the joint states
@@ -45,6 +45,7 @@ from tqdm import tqdm
 
 from oxygen_ros.policy.hooks import install_runner_hook
 from oxygen_ros.ros.diagnostics import ReasonCounter
+from oxygen_ros.ros.input_store import InputStore
 from oxygen_ros.ros.model_loader import (
     LoadedPolicy,
     build_runner,
@@ -52,7 +53,7 @@ from oxygen_ros.ros.model_loader import (
     load_node_policy,
     resolve_device,
 )
-from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip
+from oxygen_ros.ros.observation_builder import ObservationBuilder, Skip
 from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, NodeParams, validate
 
 from .outputs import OutputBag, prepare_out_bag

@@ -29,7 +29,7 @@ from oxygen_ros.robot.watchdog import FrameWatchdog
 
 from . import qos
 from .diagnostics import NodeStats
-from .observation_builder import InputStore
+from .input_store import InputStore
 from .params import NodeParams, joint_limit_names
 from .robot_description import subscribe_robot_description
 
