@@ -37,12 +37,13 @@ clock (``use_sim_time`` follows /clock during bag replay).
 Cameras: a callback only checks a message (sizes, encoding, data length, a JPEG / PNG header) and keeps it in its
 camera's buffer (the last 4 images); images are decoded when a frame uses them, once. At each tick the observation
 takes one image per camera, fresh (``max_image_age_s``) and synchronised: the set with the smallest spread of
-stamps, the newest among equal spreads (message_filters' ApproximateTime rule, :mod:`.camera_sync`), skipped as
-``camera_skew`` when that spread exceeds ``max_camera_skew_s``. **Observation stamp = the newest stamp of the chosen
-set** (ActionChunk and LanguageOutput stamps, the latency's start: that image's arrival). Images stamped more than
-0.1 s ahead of the node clock are rejected (``image_from_future``). ``/diagnostics`` reports per camera its receive
-rate, newest-image age, received / lost counts and incompatible-QoS events, and warns (also in the log, throttled)
-when a camera has publishers but no image arrives, or when the middleware loses many of its images.
+stamps, the newest among equal spreads (message_filters' ApproximateTime rule,
+:mod:`oxygen_ros.robot.camera_sync`), skipped as ``camera_skew`` when that spread exceeds ``max_camera_skew_s``.
+**Observation stamp = the newest stamp of the chosen set** (ActionChunk and LanguageOutput stamps, the latency's
+start: that image's arrival). Images stamped more than 0.1 s ahead of the node clock are rejected
+(``image_from_future``). ``/diagnostics`` reports per camera its receive rate, newest-image age, received / lost
+counts and incompatible-QoS events, and warns (also in the log, throttled) when a camera has publishers but no image
+arrives, or when the middleware loses many of its images.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@
 :class:`~.input_store.InputStore` keeps each camera's last few valid images (checked, not decoded:
 :mod:`.camera_image`), the joint positions and the instruction. :class:`ObservationBuilder` turns the store's
 contents into the policy's model input at each control tick: one image per camera, synchronised
-(:mod:`.camera_sync`), decoded once, then :meth:`oxygen_ros.policy.Policy.prepare` (the checkpoint's own resize,
-normalisation and prompt); or it says why the frame must be skipped (missing, stale or unsynchronised cameras,
-missing or non-finite state, no instruction): no action is computed from stale data.
+(:mod:`oxygen_ros.robot.camera_sync`), decoded once, then :meth:`oxygen_ros.policy.Policy.prepare` (the checkpoint's
+own resize, normalisation and prompt); or it says why the frame must be skipped (missing, stale or unsynchronised
+cameras, missing or non-finite state, no instruction): no action is computed from stale data.
 
 Nothing here needs a running node; the builder is unit-tested with plain messages.
 """
@@ -19,9 +19,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from oxygen_ros.policy import Policy, PreparedObservation, RawObservation
+from oxygen_ros.robot.camera_sync import best_match
 
 from .camera_image import FUTURE_TOLERANCE_NS, CameraImage
-from .camera_sync import best_match
 from .image_conversion import ImageError
 from .input_store import InputStore
 
@@ -58,8 +58,9 @@ class ObservationBuilder:
         max_age_s: images older than this (node clock) make the frame stale.
         max_joint_age_s: joint positions that arrived longer ago than this make the frame stale; 0 = no limit.
         max_camera_skew_s: the images of one observation lie within this many seconds of each other, chosen
-            from each camera's buffer as an approximate-time synchroniser does (:mod:`.camera_sync`); 0 = equal
-            stamps (hardware-triggered cameras); negative = no synchronisation (each camera's newest image).
+            from each camera's buffer as an approximate-time synchroniser does
+            (:mod:`oxygen_ros.robot.camera_sync`); 0 = equal stamps (hardware-triggered cameras); negative = no
+            synchronisation (each camera's newest image).
     """
 
     def __init__(self, store: InputStore, policy: Policy, max_age_s: float, max_joint_age_s: float = 0.0,
