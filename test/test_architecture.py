@@ -31,13 +31,13 @@ def test_the_layers_hold() -> None:
 @pytest.mark.parametrize("module, line, contract", [
     ("engine/_probe.py", "import oxygen_ros.policy\n", "engine imports nothing else of the package"),
     ("util/_probe.py", "import oxygen_ros.engine\n", "util (host facts, percentiles) imports nothing else"),
-    ("policy/_probe.py", "from oxygen_ros.ros import params\n", "policy imports only the engine"),
+    ("policy/_probe.py", "from oxygen_ros.runtime import params\n", "policy imports only the engine"),
     ("world/_probe.py", "import oxygen_ros.engine\n", "the world is plain numpy"),
     ("params/_probe.py", "from oxygen_ros.robot import limits\n", "params (the one parameter schema) imports nothing"),
     ("robot/_probe.py", "from oxygen_ros.ros import qos\n", "robot (limits, limiter, gate, watchdog"),
     ("robot/_probe.py", "import rclpy\n", "robot (limits, limiter, gate, watchdog"),
     ("robot/_probe.py", "import torch\n", "robot (limits, limiter, gate, watchdog"),
-    ("serve/_probe.py", "from oxygen_ros.ros import params\n", "serve (the openpi-protocol server) imports only"),
+    ("serve/_probe.py", "from oxygen_ros.runtime import params\n", "serve (the openpi-protocol server) imports only"),
     ("bench/_probe.py", "import oxygen_ros.tools.profile\n", "nothing imports tools/"),
     ("engine/_probe.py", "import oxygen_ros.bench\n", "no import cycles between sibling modules"),
 ])

@@ -32,7 +32,7 @@ from oxygen_ros.robot.limits import JointLimit, merge_limits
 from oxygen_ros.robot.newest import NewestPerPublisher
 from oxygen_ros.robot.urdf import UrdfError, urdf_limits
 from oxygen_ros.robot.watchdog import FrameWatchdog
-from oxygen_ros.ros.params import ParamError, validate
+from oxygen_ros.runtime.params import ParamError, validate
 from oxygen_ros.testing.fault_injection import FaultInjector, fault_env, parse_program
 
 REPO = Path(__file__).resolve().parents[1]

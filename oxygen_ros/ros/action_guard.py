@@ -26,11 +26,11 @@ from oxygen_ros.robot.limiter import ActionLimiter
 from oxygen_ros.robot.limits import JointLimit
 from oxygen_ros.robot.newest import NewestPerPublisher
 from oxygen_ros.robot.watchdog import FrameWatchdog
+from oxygen_ros.runtime.params import NodeParams, joint_limit_names
 
 from . import qos
 from .diagnostics import NodeStats
 from .input_store import InputStore
-from .params import NodeParams, joint_limit_names
 from .robot_description import subscribe_robot_description
 
 __all__ = ["ENABLE_SERVICE", "HALT_TOPIC", "ActionGuard", "limit_parameters"]

@@ -70,14 +70,7 @@ from oxygen_ros.policy.coverage import CoverageWatch, coverage_warning
 from oxygen_ros.policy.hooks import install_runner_hook
 from oxygen_ros.policy.runner import FrameRunner
 from oxygen_ros.robot.faults import FaultCounter
-
-from . import qos
-from .action_guard import ActionGuard, limit_parameters
-from .ask_server import AskServer
-from .diagnostics import CameraWatch, NodeStats
-from .executed_plan import ExecutedPlanInput
-from .input_store import InputStore
-from .model_loader import (
+from oxygen_ros.runtime.model_loader import (
     LoadedPolicy,
     action_period_s,
     build_runner,
@@ -85,12 +78,19 @@ from .model_loader import (
     load_node_policy,
     warm_up,
 )
+from oxygen_ros.runtime.params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
+
+from . import qos
+from .action_guard import ActionGuard, limit_parameters
+from .ask_server import AskServer
+from .diagnostics import CameraWatch, NodeStats
+from .executed_plan import ExecutedPlanInput
+from .input_store import InputStore
 from .node_diagnostics import NodeDiagnostics
 from .node_frame import ControlFrame
 from .node_inputs import NodeInputs
 from .observation_builder import ObservationBuilder
 from .param_io import declare_specs, read_specs_of
-from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
 from .run_server import RunHooks, RunTaskServer
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]

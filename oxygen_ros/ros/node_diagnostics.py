@@ -11,8 +11,7 @@ import numpy as np
 from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
 
 from oxygen_ros.policy.runner import FrameRunner
-
-from .params import NodeParams
+from oxygen_ros.runtime.params import NodeParams
 
 __all__ = ["NodeDiagnostics"]
 

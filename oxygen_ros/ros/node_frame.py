@@ -9,10 +9,10 @@ import time
 import traceback
 
 from oxygen_ros.policy.runner import ChunkOutput
+from oxygen_ros.runtime.model_loader import action_period_s
+from oxygen_ros.runtime.params import NodeParams
 
-from .model_loader import action_period_s
 from .observation_builder import BuiltObservation, Skip
-from .params import NodeParams
 from .publishers import language_output, make_action_chunk, make_trajectory
 
 __all__ = ["ControlFrame", "LATE_TICK_S"]

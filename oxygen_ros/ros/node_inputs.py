@@ -12,13 +12,13 @@ from sensor_msgs.msg import CompressedImage, Image
 from std_msgs.msg import String
 
 from oxygen_ros.msg import ExecutedPlan
+from oxygen_ros.runtime.model_loader import action_period_s
+from oxygen_ros.runtime.params import NodeParams
 
 from . import qos
 from .diagnostics import CameraWatch
 from .executed_plan import ExecutedPlanInput
 from .input_store import InputStore
-from .model_loader import action_period_s
-from .params import NodeParams
 
 __all__ = ["NodeInputs"]
 

@@ -390,5 +390,5 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
 
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:
-    """A Markdown table of ``specs`` (docs/parameters.md, written by ``oxygen_ros.ros.param_docs``)."""
+    """A Markdown table of ``specs`` (docs/parameters.md, written by ``oxygen_ros.runtime.param_docs``)."""
     return _table(specs)
