@@ -105,9 +105,14 @@ def test_serve_and_node_build_the_same_engine_config() -> None:
     assert language_schedules(p, streams) == language_schedules(node, node.streams)
 
 
+ROBOT_MODULES = ", ".join(f"oxygen_ros.robot.{m}" for m in ("limits", "urdf", "limiter", "gate", "newest", "faults",
+                                                            "watchdog", "camera_sync", "realtime"))
+
+
 @pytest.mark.parametrize("module, forbidden", [("oxygen_ros.params", ("torch", "rclpy")),
+                                               (ROBOT_MODULES, ("torch", "rclpy")),
                                                ("oxygen_ros.executor.main", ("torch",))])
-def test_schema_and_executor_process_import_no_torch(module: str, forbidden: tuple[str, ...]) -> None:
+def test_schema_robot_and_executor_process_import_no_torch(module: str, forbidden: tuple[str, ...]) -> None:
     code = f"import sys, {module}; print([m for m in {forbidden!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr
