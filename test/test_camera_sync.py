@@ -20,10 +20,12 @@ from std_msgs.msg import String  # noqa: E402
 
 from oxygen_ros.policy import Policy, load_policy  # noqa: E402
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
-from oxygen_ros.ros.camera_sync import best_match  # noqa: E402
+from oxygen_ros.robot.camera_sync import best_match  # noqa: E402
+from oxygen_ros.ros.camera_image import CAMERA_BUFFER_DEPTH  # noqa: E402
 from oxygen_ros.ros.diagnostics import CameraWatch, NodeStats, ReasonCounter  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
-from oxygen_ros.ros.observation_builder import CAMERA_BUFFER_DEPTH, InputStore, ObservationBuilder, Skip  # noqa: E402
+from oxygen_ros.ros.input_store import InputStore  # noqa: E402
+from oxygen_ros.ros.observation_builder import ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.stamps import time_msg  # noqa: E402
 
 SEC = 1_000_000_000

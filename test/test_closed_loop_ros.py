@@ -70,7 +70,8 @@ def test_node_builds_the_same_model_input_as_training_and_evaluation() -> None:
     from oxygen_ros.policy import load_policy
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import array_to_image_msg
-    from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder
+    from oxygen_ros.ros.input_store import InputStore
+    from oxygen_ros.ros.observation_builder import ObservationBuilder
     from oxygen_ros.ros.stamps import time_msg
     from oxygen_ros.train.policy import NormStats, to_model_observation
     from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld

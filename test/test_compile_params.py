@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from oxygen_ros.evaluation.cli import parse_overrides, read_params_file
-from oxygen_ros.ros.model_loader import build_runner, load_node_policy
-from oxygen_ros.ros.params import validate
+from oxygen_ros.runtime.model_loader import build_runner, load_node_policy
+from oxygen_ros.runtime.params import validate
 from oxygen_ros.tools.compile import main
 
 REPO = Path(__file__).resolve().parents[1]

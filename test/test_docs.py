@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from oxygen_ros.ros.param_docs import DOC_PATH, REGENERATE, render
+from oxygen_ros.runtime.param_docs import DOC_PATH, REGENERATE, render
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -63,7 +63,7 @@ def _links(page: Path) -> list[str]:
 def test_parameter_page_is_generated_from_the_parameters() -> None:
     committed = DOC_PATH.read_text() if DOC_PATH.exists() else ""
     assert committed == render(), (
-        f"docs/parameters.md differs from what its generator writes from oxygen_ros/ros/params.py and "
+        f"docs/parameters.md differs from what its generator writes from oxygen_ros/runtime/params.py and "
         f"oxygen_ros/policy/options.py; regenerate it with `{REGENERATE}` and commit the result")
 
 
@@ -80,7 +80,7 @@ def test_executor_parameter_table_is_generated_from_the_parameters() -> None:
 
 
 def test_the_parameter_page_lists_every_parameter() -> None:
-    from oxygen_ros.ros.params import PARAMS, STREAM_PARAMS
+    from oxygen_ros.runtime.params import PARAMS, STREAM_PARAMS
 
     text = render()
     missing = [p.name for p in (*PARAMS, *STREAM_PARAMS) if f"| `{p.name}` |" not in text]

@@ -23,7 +23,7 @@ from oxygen_ros.evaluation.report import REPORT_KEYS, exact_match  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE  # noqa: E402
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
-from oxygen_ros.ros.params import NodeParams, ParamError  # noqa: E402
+from oxygen_ros.runtime.params import NodeParams, ParamError  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -15,7 +15,7 @@ from oxygen_ros.executor.interpolation import Curve
 from oxygen_ros.executor.setpoint_limits import SetpointLimiter
 from oxygen_ros.executor.streamer import SetpointStreamer
 from oxygen_ros.executor.timeline import Chunk, Timeline
-from oxygen_ros.ros.limits import JointLimit
+from oxygen_ros.robot.limits import JointLimit
 
 MS = 1_000_000
 DT = 50 * MS

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from oxygen_ros.executor.setpoint_limits import SetpointLimiter
 from oxygen_ros.executor.streamer import SetpointStreamer
 from oxygen_ros.executor.timeline import Chunk, Timeline
-from oxygen_ros.ros.limits import JointLimit
+from oxygen_ros.robot.limits import JointLimit
 
 TOL = 1e-9
 MS = 1_000_000

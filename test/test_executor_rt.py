@@ -109,7 +109,7 @@ def test_refused_settings_warn_and_the_loop_runs_at_normal_priority() -> None:
     assert any("rt.cpus" in w for w in out["warnings"]) and any("memlock" in w for w in out["warnings"]), out
     assert out["ticks"] >= 5  # and it runs
 
-    cap = subprocess.run([sys.executable, "-c", DROP_CAPS + "import json; from oxygen_ros.ros.realtime import "
+    cap = subprocess.run([sys.executable, "-c", DROP_CAPS + "import json; from oxygen_ros.robot.realtime import "
                           "capability; print(json.dumps(capability()))"], capture_output=True, text=True,
                          timeout=60, cwd=REPO)
     assert cap.returncode == 0, cap.stderr

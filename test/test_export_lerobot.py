@@ -304,9 +304,10 @@ def test_the_policy_acts_on_an_exported_frame_as_on_the_bag(exported: Path, demo
 
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import array_to_image_msg
-    from oxygen_ros.ros.model_loader import build_runner, load_node_policy
-    from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder
-    from oxygen_ros.ros.params import validate
+    from oxygen_ros.ros.input_store import InputStore
+    from oxygen_ros.ros.observation_builder import ObservationBuilder
+    from oxygen_ros.runtime.model_loader import build_runner, load_node_policy
+    from oxygen_ros.runtime.params import validate
 
     values = yaml.safe_load((ROOT / "config" / "synthetic.yaml").read_text())["/**"]["ros__parameters"]
     loaded = load_node_policy(validate({**values, "torch_threads": 1}))

@@ -109,7 +109,7 @@ def test_stream_names_are_unique() -> None:
 
 # ---------------------------------------------------------------------------------------------- parameters
 def test_streams_from_flat_and_nested_parameters() -> None:
-    from oxygen_ros.ros.params import ParamError, validate
+    from oxygen_ros.runtime.params import ParamError, validate
 
     base = {"model": "toy", "joint_names": ["a"], "max_new_tokens": 20}
     p = validate({**base, "language_streams": ["memory", "narration", "where"], "memory.every_n_frames": 10,

@@ -33,10 +33,11 @@ from oxygen_ros.policy import Policy, load_policy  # noqa: E402
 from oxygen_ros.policy.synthetic import make_random_checkpoint  # noqa: E402
 from oxygen_ros.ros.diagnostics import NodeStats, ReasonCounter  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
+from oxygen_ros.ros.input_store import InputStore  # noqa: E402
 from oxygen_ros.ros.node import OxygenNode  # noqa: E402
-from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
-from oxygen_ros.ros.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
+from oxygen_ros.ros.observation_builder import ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.publishers import make_trajectory  # noqa: E402
+from oxygen_ros.runtime.params import PARAMS, ParamError, markdown_table, validate  # noqa: E402
 from oxygen_ros.testing import NodeProcess, Probe  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

@@ -14,8 +14,8 @@ import pytest
 from oxygen_ros.executor.params import EXECUTOR_PARAMS
 from oxygen_ros.executor.params import validate as validate_executor
 from oxygen_ros.params import ROBOT_PARAMS, ParamError, ParamSpec, add_arguments, param, read_specs, specs_of
-from oxygen_ros.ros.params import PARAMS
-from oxygen_ros.ros.params import validate as validate_node
+from oxygen_ros.runtime.params import PARAMS
+from oxygen_ros.runtime.params import validate as validate_node
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -90,7 +90,7 @@ def test_serve_and_node_build_the_same_engine_config() -> None:
     """oxygen-serve's flags and the node's parameters, set alike, give the same EngineConfig through the one
     function (the node adds only k_auto's deadline)."""
     from oxygen_ros.policy.configure import engine_config, language_schedules
-    from oxygen_ros.ros.model_loader import engine_config as node_engine_config
+    from oxygen_ros.runtime.model_loader import engine_config as node_engine_config
     from oxygen_ros.serve.options import parse, runner_params
 
     args = parse(["--checkpoint", "x", "--k", "3", "--max-new-tokens", "12", "--num-steps", "4",
@@ -105,9 +105,14 @@ def test_serve_and_node_build_the_same_engine_config() -> None:
     assert language_schedules(p, streams) == language_schedules(node, node.streams)
 
 
+ROBOT_MODULES = ", ".join(f"oxygen_ros.robot.{m}" for m in ("limits", "urdf", "limiter", "gate", "newest", "faults",
+                                                            "watchdog", "camera_sync", "realtime"))
+
+
 @pytest.mark.parametrize("module, forbidden", [("oxygen_ros.params", ("torch", "rclpy")),
+                                               (ROBOT_MODULES, ("torch", "rclpy")),
                                                ("oxygen_ros.executor.main", ("torch",))])
-def test_schema_and_executor_process_import_no_torch(module: str, forbidden: tuple[str, ...]) -> None:
+def test_schema_robot_and_executor_process_import_no_torch(module: str, forbidden: tuple[str, ...]) -> None:
     code = f"import sys, {module}; print([m for m in {forbidden!r} if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert out.returncode == 0, out.stderr

@@ -398,8 +398,8 @@ def test_presets_fit_the_public_openpi_checkpoints(preset: str, tmp_path: Path) 
     checkpoint's own contract (not the YAML) decides horizon, prompt format, deltas and the adapter."""
     import yaml
 
-    from oxygen_ros.ros.model_loader import load_node_policy
-    from oxygen_ros.ros.params import validate
+    from oxygen_ros.runtime.model_loader import load_node_policy
+    from oxygen_ros.runtime.params import validate
 
     asset, state_dim, action_dim, horizon = PRESETS[preset]
     model = make_model(get_config("tiny", max_token_len=200, action_dim=32), seed=7)
@@ -422,8 +422,8 @@ def test_libero_preset_fits_a_lerobot_libero_checkpoint(tmp_path: Path) -> None:
     preset takes the cameras from the checkpoint and feeds its two topics to them in order."""
     import yaml
 
-    from oxygen_ros.ros.model_loader import load_node_policy
-    from oxygen_ros.ros.params import validate
+    from oxygen_ros.runtime.model_loader import load_node_policy
+    from oxygen_ros.runtime.params import validate
 
     model = make_model(get_config("tiny", max_token_len=64, action_dim=32), seed=8)
     ckpt = write_lerobot(tmp_path, model, cameras=["image", "image2"], state_dim=8, action_dim=7, chunk_size=50,

@@ -73,8 +73,8 @@ def test_every_mode_runs_with_islands(mode: str) -> None:
 def test_the_node_dtype_parameter_selects_the_islands() -> None:
     """``dtype: bfloat16_islands`` loads the checkpoint by openpi's policy; for our own checkpoints ``auto`` picks it
     on CUDA only (openpi and LeRobot checkpoints: ``test_precision_auto.py``)."""
-    from oxygen_ros.ros.model_loader import load_node_policy, resolve_precision
-    from oxygen_ros.ros.params import ParamError, validate
+    from oxygen_ros.runtime.model_loader import load_node_policy, resolve_precision
+    from oxygen_ros.runtime.params import ParamError, validate
 
     assert resolve_precision(torch.device("cuda"), "auto") == "bfloat16_islands"
     assert resolve_precision(torch.device("cpu"), "auto") == "float32"

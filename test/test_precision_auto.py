@@ -144,8 +144,8 @@ def test_lerobot_checkpoint_auto_follows_its_config_dtype(dtype: str, tmp_path: 
 
 def test_the_node_and_evaluate_bag_loaders_report_the_choice() -> None:
     """``load_node_policy`` (the node's and ``evaluate_bag``'s loader): the choice and its reason in the notes."""
-    from oxygen_ros.ros.model_loader import load_node_policy
-    from oxygen_ros.ros.params import validate
+    from oxygen_ros.runtime.model_loader import load_node_policy
+    from oxygen_ros.runtime.params import validate
 
     root = OPENPI / "pi05_libero"
     joints = [f"j{i}" for i in range(8)]

@@ -24,7 +24,8 @@ from std_msgs.msg import String  # noqa: E402
 from oxygen_ros.policy import Policy, RawObservation  # noqa: E402
 from oxygen_ros.ros.diagnostics import ReasonCounter  # noqa: E402
 from oxygen_ros.ros.image_conversion import array_to_image_msg  # noqa: E402
-from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip  # noqa: E402
+from oxygen_ros.ros.input_store import InputStore  # noqa: E402
+from oxygen_ros.ros.observation_builder import ObservationBuilder, Skip  # noqa: E402
 from oxygen_ros.ros.publishers import make_trajectory  # noqa: E402
 from oxygen_ros.testing import NodeProcess, Probe, header_ns  # noqa: E402
 

@@ -23,10 +23,10 @@ from conftest import ros_domain  # noqa: E402
 from oxygen_ros.action import RunTask  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
+from oxygen_ros.robot.gate import ActionGate  # noqa: E402
 from oxygen_ros.ros.diagnostics import ReasonCounter  # noqa: E402
-from oxygen_ros.ros.observation_builder import InputStore  # noqa: E402
+from oxygen_ros.ros.input_store import InputStore  # noqa: E402
 from oxygen_ros.ros.run_server import check_goal, is_done  # noqa: E402
-from oxygen_ros.ros.safety import ActionGate  # noqa: E402
 from oxygen_ros.testing.probe import header_ns, wait_for  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]

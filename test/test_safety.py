@@ -25,9 +25,14 @@ import torch
 from conftest import require_ros, ros_domain
 
 from oxygen_ros.policy.hooks import RUNNER_HOOK_ENV, install_runner_hook
-from oxygen_ros.ros.limits import ActionLimiter, JointLimit, UrdfError, merge_limits, urdf_limits
-from oxygen_ros.ros.params import ParamError, validate
-from oxygen_ros.ros.safety import ActionGate, FaultCounter, FrameWatchdog, NewestPerPublisher
+from oxygen_ros.robot.faults import FaultCounter
+from oxygen_ros.robot.gate import ActionGate
+from oxygen_ros.robot.limiter import ActionLimiter
+from oxygen_ros.robot.limits import JointLimit, merge_limits
+from oxygen_ros.robot.newest import NewestPerPublisher
+from oxygen_ros.robot.urdf import UrdfError, urdf_limits
+from oxygen_ros.robot.watchdog import FrameWatchdog
+from oxygen_ros.runtime.params import ParamError, validate
 from oxygen_ros.testing.fault_injection import FaultInjector, fault_env, parse_program
 
 REPO = Path(__file__).resolve().parents[1]
@@ -267,7 +272,7 @@ def test_an_image_already_too_old_on_arrival_is_rejected_with_its_reason() -> No
     pytest.importorskip("rclpy", reason="rclpy is not installed")
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import array_to_image_msg
-    from oxygen_ros.ros.observation_builder import InputStore
+    from oxygen_ros.ros.input_store import InputStore
 
     now = 50 * SEC
     store = InputStore(["cam"], JOINTS, ReasonCounter(None, "rejected"), node_clock_ns=lambda: now,

@@ -92,7 +92,7 @@ def test_conditioned_actions_equal_across_engines(policy, mode) -> None:
 
 # ---------------------------------------------------------------------------------------------- the node
 def test_parameters_name_a_configured_stream_and_a_real_adapter(tmp_path) -> None:
-    from oxygen_ros.ros.params import ParamError, validate
+    from oxygen_ros.runtime.params import ParamError, validate
 
     base = {"model": "toy", "joint_names": ["a"], "language_streams": ["subtask", "memory"],
             "subtask.every_n_frames": 2, "memory.every_n_frames": 3}
@@ -104,7 +104,7 @@ def test_parameters_name_a_configured_stream_and_a_real_adapter(tmp_path) -> Non
     from oxygen_ros.engine.config import get_config
     from oxygen_ros.engine.lora import LoraAdapter, random_lora_weights
     from oxygen_ros.engine.model import Pi05Model
-    from oxygen_ros.ros.model_loader import load_adapter
+    from oxygen_ros.runtime.model_loader import load_adapter
 
     tiny, small = Pi05Model(get_config("tiny")), Pi05Model(get_config("small"))
     with pytest.raises(ValueError, match="memory.adapter: .* is not a PEFT adapter directory"):

@@ -61,9 +61,10 @@ def micro_benchmark(repeats: int = 30) -> list[dict[str, Any]]:
     """Per message / per used image costs of the node's own code, in this process (milliseconds, medians)."""
     from oxygen_ros.policy import load_policy
     from oxygen_ros.policy.synthetic import make_random_checkpoint
+    from oxygen_ros.ros.camera_image import CameraImage
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import compressed_msg_to_array, image_msg_to_array
-    from oxygen_ros.ros.observation_builder import CameraImage, InputStore
+    from oxygen_ros.ros.input_store import InputStore
     from oxygen_ros.testing.camera_streams import StreamSpec, make_frames
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,7 +2,7 @@
 a virtual clock that steps through the bag time at the node's ``control_rate_hz``, without DDS.
 
 Messages are fed in bag order up to each tick into the node's
-:class:`~oxygen_ros.ros.observation_builder.InputStore` (clocked by the bag time), which validates each on
+:class:`~oxygen_ros.ros.input_store.InputStore` (clocked by the bag time), which validates each on
 arrival (a bad one is counted and ignored; the previous valid value stays; images are decoded when a frame uses
 them): camera images
 (``sensor_msgs/Image`` or ``CompressedImage``), the instruction (``std_msgs/String``) and the joint states
@@ -11,7 +11,7 @@ them): camera images
 reason when inputs are missing, stale (a camera header stamp more than ``max_image_age_s`` before the tick),
 unsynchronised (``max_camera_skew_s``) or invalid. Otherwise one frame of the policy layer's
 :class:`~oxygen_ros.policy.runner.FrameRunner` runs, built as
-the node builds it (:func:`~oxygen_ros.ros.model_loader.load_node_policy` / ``build_runner``): language requests
+the node builds it (:func:`~oxygen_ros.runtime.model_loader.load_node_policy` / ``build_runner``): language requests
 every ``request_every_n_frames`` frames, flow-matching noise seeded with ``seed + frame_index``. The action chunks
 and texts therefore depend on the bag and the parameters only: by default (:class:`.timing.ReplayTiming` ``bag``)
 the real-time chunking delay follows a modeled latency on the bag's clock, ``k_auto`` runs the fixed ``k`` and
@@ -45,15 +45,16 @@ from tqdm import tqdm
 
 from oxygen_ros.policy.hooks import install_runner_hook
 from oxygen_ros.ros.diagnostics import ReasonCounter
-from oxygen_ros.ros.model_loader import (
+from oxygen_ros.ros.input_store import InputStore
+from oxygen_ros.ros.observation_builder import ObservationBuilder, Skip
+from oxygen_ros.runtime.model_loader import (
     LoadedPolicy,
     build_runner,
     instruction_char_cap,
     load_node_policy,
     resolve_device,
 )
-from oxygen_ros.ros.observation_builder import InputStore, ObservationBuilder, Skip
-from oxygen_ros.ros.params import DEFAULT_CAMERA_TOPIC, NodeParams, validate
+from oxygen_ros.runtime.params import DEFAULT_CAMERA_TOPIC, NodeParams, validate
 
 from .outputs import OutputBag, prepare_out_bag
 from .plots import write_plots
@@ -342,7 +343,7 @@ def evaluate_bag(
         bag: rosbag2 directory (sqlite3 or mcap).
         out: output directory (created; an existing ``out_bag`` needs ``overwrite``).
         params: the node's parameter values (a mapping, validated like the node's, e.g. a params YAML's
-            ``ros__parameters``; or a :class:`~oxygen_ros.ros.params.NodeParams`). ``control_rate_hz`` is the
+            ``ros__parameters``; or a :class:`~oxygen_ros.runtime.params.NodeParams`). ``control_rate_hz`` is the
             tick rate; camera topics are ``camera_topics`` or the node's default pattern (its ``/compressed``
             variant when only that is in the bag); empty ``joint_names`` take the bag's first JointState names.
         max_frames: stop after this many ticks (None: the whole bag).

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from oxygen_ros.ros.params import NodeParams
+from oxygen_ros.runtime.params import NodeParams
 
 __all__ = ["CLOCKS", "ReplayTiming"]
 

@@ -43,11 +43,11 @@ from std_msgs.msg import Bool, Float64MultiArray
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.msg import ActionChunk, ExecutedPlan
+from oxygen_ros.robot.limits import JointLimit, joint_limit_names, merge_limits
+from oxygen_ros.robot.newest import NewestPerPublisher
 from oxygen_ros.ros import qos
-from oxygen_ros.ros.limits import JointLimit, joint_limit_names, merge_limits
 from oxygen_ros.ros.param_io import declare_specs, read_specs_of
 from oxygen_ros.ros.robot_description import subscribe_robot_description
-from oxygen_ros.ros.safety import NewestPerPublisher
 
 from .aggregation import parse_aggregate
 from .loop import CommandLoop

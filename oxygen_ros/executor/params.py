@@ -1,7 +1,7 @@
 """The executor's parameters, each declared once as a field of :class:`ExecutorParams` with the package's one
 schema (:mod:`oxygen_ros.params`); those it shares with the node (action rate and names, joint age, limits.*) are the
 node's own declarations (:mod:`oxygen_ros.params.robot`). Also the joint limit parameters ``limits.<joint>.min / .max /
-.max_velocity / .max_acceleration`` parsed by the node's own function (:func:`oxygen_ros.ros.limits.
+.max_velocity / .max_acceleration`` parsed by the node's own function (:func:`oxygen_ros.robot.limits.
 parse_limit_parameters`), so one preset file serves both. :func:`validate` reports every problem at once; no ROS
 graph needed. Nothing here imports torch (the executor's process stays small and starts fast).
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oxygen_ros.params import ParamError, ParamSpec, param, read_specs, robot_param, specs_of
-from oxygen_ros.ros.limits import joint_limit_names, parse_limit_parameters
+from oxygen_ros.robot.limits import parse_limit_parameters
 
 from .aggregation import AGGREGATE_NAMES, parse_aggregate
 from .interpolation import INTERPOLATIONS
@@ -112,11 +112,7 @@ def validate(values: Mapping[str, Any]) -> ExecutorParams:
         ParamError: listing every problem, each starting with the parameter's name.
     """
     out, problems = read_specs(EXECUTOR_PARAMS, values)
-    limits_values = {k: v for k, v in values.items() if k in joint_limit_names(values)}
-    nested = values.get("limits")
-    if isinstance(nested, Mapping):
-        limits_values["limits"] = {k: v for k, v in nested.items() if isinstance(v, Mapping)}
-    joint_limits, limit_problems = parse_limit_parameters(limits_values)
+    joint_limits, limit_problems = parse_limit_parameters(values)  # picks the limits.<joint>.<field> values itself
     problems += limit_problems
     if out["switch"] == "aggregate":
         try:

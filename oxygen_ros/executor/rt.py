@@ -5,7 +5,7 @@ native thread id, so the process's other threads (DDS, rclpy's executor) keep th
 OS refuses is reported, never raised: the loop then runs at normal priority. :func:`apply_process` sets what is
 process-wide (the interpreter's switch interval, ``mlockall``). :func:`thread_sched` reads a thread's policy,
 priority and affinity back from ``/proc/self/task/<tid>/``. What the machine allows (for ``oxygen-doctor``):
-:func:`oxygen_ros.ros.realtime.capability`.
+:func:`oxygen_ros.robot.realtime.capability`.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 no more than the position range, the velocity and the acceleration limits allow (:class:`SetpointLimiter`), with the
 real elapsed time ``h`` of each tick, whatever the spacing of the ticks.
 
-The limits are the node's (:mod:`oxygen_ros.ros.limits`: the URDF on ``robot_description`` and the
+The limits are the node's (:mod:`oxygen_ros.robot.limits`: the URDF on ``robot_description`` and the
 ``limits.<joint>.min / .max / .max_velocity / .max_acceleration`` parameters, parameters winning field by field).
 Per joint and tick, from the previous setpoint p commanded with velocity v (= its step over its own h) toward the
 target x, over the h elapsed since p:
@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from oxygen_ros.ros.limits import JointLimit
+from oxygen_ros.robot.limits import JointLimit
 
 __all__ = ["SetpointLimiter"]
 

@@ -99,7 +99,7 @@ class SetpointStreamer:
 
     # ------------------------------------------------------------------------------------------ inputs
     def set_limits(self, limits: dict) -> None:
-        """Per joint :class:`~oxygen_ros.ros.limits.JointLimit` (URDF merged with the parameters)."""
+        """Per joint :class:`~oxygen_ros.robot.limits.JointLimit` (URDF merged with the parameters)."""
         self._limits = dict(limits)
         if self.limiter is not None:
             self.limiter.set_limits(self._limits)

@@ -1,6 +1,6 @@
 """Options to engine: the one place where the shared options (:class:`~oxygen_ros.policy.options.RunnerParams`'s
 fields: the node's ``NodeParams`` and ``oxygen-serve``'s parsed flags both carry them) become the engine's
-:class:`EngineConfig` and the frame runner's :class:`LanguageSchedule` s. The node (``ros/model_loader.py``), bag
+:class:`EngineConfig` and the frame runner's :class:`LanguageSchedule` s. The node (``runtime/model_loader.py``), bag
 evaluation (through the node's loader) and ``oxygen-serve`` all call these.
 """
 

@@ -1,5 +1,5 @@
 """Options every shell of the frame runner shares, each defined once: the checkpoint, the engine, the language
-streams and the questions. The ROS node declares them as parameters (``oxygen_ros.ros.params.NodeParams`` takes
+streams and the questions. The ROS node declares them as parameters (``oxygen_ros.runtime.params.NodeParams`` takes
 its fields from here with :func:`shared`) and ``oxygen-serve`` as command-line flags (``oxygen_ros.serve.options``),
 with the same names, defaults, help and checks.
 

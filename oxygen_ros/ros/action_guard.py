@@ -1,10 +1,11 @@
 """The node's output guard (docs/safety.md): everything a chunk passes between the runner and ``~/action_chunk`` /
 ``~/trajectory``, and the ROS interfaces that steer it.
 
-:class:`ActionGuard` lives from configure to cleanup. It owns the joint limiter (:mod:`.limits`, fed by the URDF on
-``limits.robot_description``), the enable gate and halt input (:class:`.safety.ActionGate`: ``~/enable``,
-``~/halt``) and the frame watchdog (:class:`.safety.FrameWatchdog`); :meth:`ActionGuard.admit` is the one check
-every chunk passes. Faults and the lifecycle stay with the node (they outlive a configuration).
+:class:`ActionGuard` lives from configure to cleanup. It owns the joint limiter
+(:mod:`oxygen_ros.robot.limiter`, fed by the URDF on ``limits.robot_description``), the enable gate and halt input
+(:class:`~oxygen_ros.robot.gate.ActionGate`: ``~/enable``, ``~/halt``) and the frame watchdog
+(:class:`~oxygen_ros.robot.watchdog.FrameWatchdog`); :meth:`ActionGuard.admit` is the one check every chunk passes.
+Faults and the lifecycle stay with the node (they outlive a configuration).
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ from std_msgs.msg import Bool
 from std_srvs.srv import SetBool
 
 from oxygen_ros.policy.runner import ChunkOutput
+from oxygen_ros.robot.gate import ActionGate
+from oxygen_ros.robot.limiter import ActionLimiter
+from oxygen_ros.robot.limits import JointLimit
+from oxygen_ros.robot.newest import NewestPerPublisher
+from oxygen_ros.robot.watchdog import FrameWatchdog
+from oxygen_ros.runtime.params import NodeParams, joint_limit_names
 
 from . import qos
 from .diagnostics import NodeStats
-from .limits import ActionLimiter, JointLimit
-from .observation_builder import InputStore
-from .params import NodeParams, joint_limit_names
+from .input_store import InputStore
 from .robot_description import subscribe_robot_description
-from .safety import ActionGate, FrameWatchdog, NewestPerPublisher
 
 __all__ = ["ENABLE_SERVICE", "HALT_TOPIC", "ActionGuard", "limit_parameters"]
 

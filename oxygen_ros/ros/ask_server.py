@@ -38,8 +38,8 @@ from oxygen_ros.action import Ask
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
 from oxygen_ros.engine.tokenizer import LANGUAGE_TEMPLATES
 from oxygen_ros.policy.runner import FrameRunner
+from oxygen_ros.runtime.params import NodeParams
 
-from .params import NodeParams
 from .stamps import time_msg
 
 __all__ = ["ASK_ACTION", "ASK_STREAM", "ASK_TASK", "AskServer"]

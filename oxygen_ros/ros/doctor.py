@@ -26,8 +26,9 @@ from typing import Any
 
 import yaml
 
+from oxygen_ros.robot.realtime import capability
+
 from .dds import PROFILE_ENV_VARS, PROFILE_FILE_NAME, default_profile_path, profile_env_var
-from .realtime import capability
 
 __all__ = ["Check", "find_preset", "main", "run_checks"]
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import sys
 
+from oxygen_ros.runtime.params import PARAMS
+
 from .node import OxygenNode
 from .node import __doc__ as node_doc
-from .params import PARAMS
 from .process import parameter_help, run_node
 
 __all__ = ["main"]

@@ -37,18 +37,18 @@ clock (``use_sim_time`` follows /clock during bag replay).
 Cameras: a callback only checks a message (sizes, encoding, data length, a JPEG / PNG header) and keeps it in its
 camera's buffer (the last 4 images); images are decoded when a frame uses them, once. At each tick the observation
 takes one image per camera, fresh (``max_image_age_s``) and synchronised: the set with the smallest spread of
-stamps, the newest among equal spreads (message_filters' ApproximateTime rule, :mod:`.camera_sync`), skipped as
-``camera_skew`` when that spread exceeds ``max_camera_skew_s``. **Observation stamp = the newest stamp of the chosen
-set** (ActionChunk and LanguageOutput stamps, the latency's start: that image's arrival). Images stamped more than
-0.1 s ahead of the node clock are rejected (``image_from_future``). ``/diagnostics`` reports per camera its receive
-rate, newest-image age, received / lost counts and incompatible-QoS events, and warns (also in the log, throttled)
-when a camera has publishers but no image arrives, or when the middleware loses many of its images.
+stamps, the newest among equal spreads (message_filters' ApproximateTime rule,
+:mod:`oxygen_ros.robot.camera_sync`), skipped as ``camera_skew`` when that spread exceeds ``max_camera_skew_s``.
+**Observation stamp = the newest stamp of the chosen set** (ActionChunk and LanguageOutput stamps, the latency's
+start: that image's arrival). Images stamped more than 0.1 s ahead of the node clock are rejected
+(``image_from_future``). ``/diagnostics`` reports per camera its receive rate, newest-image age, received / lost
+counts and incompatible-QoS events, and warns (also in the log, throttled) when a camera has publishers but no image
+arrives, or when the middleware loses many of its images.
 """
 
 from __future__ import annotations
 
 import gc
-import json
 import threading
 import time
 import traceback
@@ -56,30 +56,21 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import torch
-from diagnostic_msgs.msg import DiagnosticArray, DiagnosticStatus
+from diagnostic_msgs.msg import DiagnosticArray
 from rclpy.callback_groups import MutuallyExclusiveCallbackGroup, ReentrantCallbackGroup
 from rclpy.clock import Clock, ClockType
-from rclpy.event_handler import SubscriptionEventCallbacks
 from rclpy.lifecycle import LifecycleNode, LifecycleState, TransitionCallbackReturn
-from rclpy.qos import QoSProfile
-from sensor_msgs.msg import CompressedImage, Image, JointState
-from std_msgs.msg import String
+from sensor_msgs.msg import JointState
 from trajectory_msgs.msg import JointTrajectory
 
 from oxygen_ros.engine.threads import run_in_scratch_thread
-from oxygen_ros.msg import ActionChunk, ExecutedPlan, LanguageOutput
+from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.policy.coverage import CoverageWatch, coverage_warning
 from oxygen_ros.policy.hooks import install_runner_hook
-from oxygen_ros.policy.runner import ChunkOutput, FrameRunner
-
-from . import qos
-from .action_guard import ActionGuard, limit_parameters
-from .ask_server import AskServer
-from .diagnostics import CameraWatch, NodeStats
-from .executed_plan import ExecutedPlanInput
-from .model_loader import (
+from oxygen_ros.policy.runner import FrameRunner
+from oxygen_ros.robot.faults import FaultCounter
+from oxygen_ros.runtime.model_loader import (
     LoadedPolicy,
     action_period_s,
     build_runner,
@@ -87,12 +78,20 @@ from .model_loader import (
     load_node_policy,
     warm_up,
 )
-from .observation_builder import BuiltObservation, InputStore, ObservationBuilder, Skip
+from oxygen_ros.runtime.params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
+
+from . import qos
+from .action_guard import ActionGuard, limit_parameters
+from .ask_server import AskServer
+from .diagnostics import CameraWatch, NodeStats
+from .executed_plan import ExecutedPlanInput
+from .input_store import InputStore
+from .node_diagnostics import NodeDiagnostics
+from .node_frame import ControlFrame
+from .node_inputs import NodeInputs
+from .observation_builder import ObservationBuilder
 from .param_io import declare_specs, read_specs_of
-from .params import PARAMS, RESERVED_STREAM_NAMES, STREAM_NAME_RE, STREAM_PARAMS, NodeParams, validate
-from .publishers import language_output, make_action_chunk, make_trajectory
 from .run_server import RunHooks, RunTaskServer
-from .safety import FaultCounter
 
 __all__ = ["ACTION_TOPIC", "LANGUAGE_TOPIC", "NODE_NAME", "TRAJECTORY_TOPIC", "OxygenNode"]
 
@@ -105,10 +104,9 @@ DIAGNOSTICS_TOPIC = "/diagnostics"
 _BUILTIN_PARAMS = ("use_sim_time", "start_type_description_service")
 SUCCESS, FAILURE, ERROR = TransitionCallbackReturn.SUCCESS, TransitionCallbackReturn.FAILURE, \
     TransitionCallbackReturn.ERROR
-LATE_TICK_S = 0.005  # a tick noticed this long after it fired waited for a frame: it may be skipped
 
 
-class OxygenNode(LifecycleNode):
+class OxygenNode(NodeInputs, ControlFrame, NodeDiagnostics, LifecycleNode):
     """pi0.5 VLA inference with a unified KV cache as a ROS 2 lifecycle node (see the module docstring).
 
     ``on_configure`` validates the parameters, loads the checkpoint with its I/O contract (policy layer), checks
@@ -336,50 +334,6 @@ class OxygenNode(LifecycleNode):
         self._worker.start()
         self._control_timer = self.create_timer(p.period_s, self._on_timer, self._control_group)
 
-    def _executed_plan_subscription(self, p: NodeParams):
-        """rtc.remainder_source executor: the chunk executor's plans feed the runner's RTC remainder."""
-        runner = self._runner
-        self._executed = executed = ExecutedPlanInput(
-            self._loaded.action_names, action_period_s(p, runner.n_execute), p.rtc_executor_max_age_s,
-            self._loaded.policy.spec.chunk_size, lambda: self.get_clock().now().nanoseconds,
-            self.stats.rejected_inputs.add)
-        runner.executed_remainder = executed.remainder
-        return self.create_subscription(ExecutedPlan, p.rtc_executor_topic,  # best effort: matches any publisher
-                                        self._safe(executed.on_plan, "executed_plan_callback"), qos.best_effort(),
-                                        callback_group=self._input_group)
-
-    def _instruction_subscriptions(self, store: InputStore) -> list:
-        """Latched and volatile subscriptions to ``instruction`` (:func:`.qos.subscribe_latched_and_volatile`): the
-        instruction a latched publisher sent before this node started, and volatile publishers. The store drops
-        the duplicates."""
-        def on_instruction(msg: String, info: dict) -> None:
-            try:
-                store.on_instruction(msg, info)
-            except Exception as e:  # never kill the executor
-                self.stats.errors.add("instruction_callback", f"{type(e).__name__}: {e}")
-
-        group = MutuallyExclusiveCallbackGroup()  # one instruction at a time: the newest applied last
-        return qos.subscribe_latched_and_volatile(self, String, "instruction", on_instruction, group)
-
-    def _camera_subscriptions(self, p: NodeParams, store: InputStore, profile: QoSProfile) -> list:
-        """One subscription per camera; its incompatible-QoS and message-lost events are counted and logged
-        (CameraWatch)."""
-        topics = [self.resolve_topic_name(p.camera_topic(i)) for i in range(len(p.camera_names))]
-        self._camera_watch = watch = CameraWatch(p.camera_names, topics, p.camera_reliability, self.stats.warnings)
-        subs = []
-        for i in range(len(p.camera_names)):
-            kind, handler = (CompressedImage, store.on_compressed) if p.compressed(i) else (Image, store.on_image)
-            cb = self._safe(lambda msg, i=i, handler=handler: handler(i, msg), "camera_callback")
-            events = SubscriptionEventCallbacks(
-                incompatible_qos=self._safe(lambda event, i=i: watch.on_incompatible_qos(
-                    i, event.total_count_change, getattr(event.last_policy_kind, "name", str(event.last_policy_kind))),
-                    "camera_qos_event"),
-                message_lost=self._safe(lambda event, i=i: watch.on_message_lost(i, event.total_count_change),
-                                        "camera_lost_event"))
-            subs.append(self.create_subscription(kind, p.camera_topic(i), cb, profile, callback_group=self._input_group,
-                                                 event_callbacks=events))
-        return subs
-
     def _stop_processing(self, timeout_s: float = 60.0) -> bool:
         """Stop the timer and the inference thread (after its running frame), destroy the subscriptions and drop
         the inputs; in-flight language requests are dropped with them (a fresh engine serves the next activation).
@@ -495,231 +449,6 @@ class OxygenNode(LifecycleNode):
         """Release the model (and a generated model's temporary directory), then destroy the node."""
         self.release()
         super().destroy_node()
-
-    # ------------------------------------------------------------------------------------------ control frame
-    def _on_timer(self) -> None:
-        self._tick_at = time.perf_counter()
-        self._tick.set()
-
-    def _inference_loop(self) -> None:
-        """The inference thread: one frame per control tick, due by the next tick. A tick noticed late (the frame
-        before it overran) runs with the time left, which ``k = auto`` decodes into; with less time left than the
-        action path took recently (p90), it is skipped (``late_tick``): a late frame never makes the next late.
-        A tick noticed on time always runs."""
-        tick, stop, run = self._tick, self._worker_stop, self._safe(self._on_tick, "control_tick")
-        period = self.params.period_s
-        while not stop.is_set():
-            if tick.wait(0.2):
-                tick.clear()
-                if stop.is_set():
-                    break
-                deadline = self._tick_at + period
-                left, need = deadline - time.perf_counter(), self._action_path_p90()
-                if left < min(need, period - LATE_TICK_S):
-                    self.stats.skipped.add("late_tick", f"{left * 1e3:.0f} ms of the control period left when the "
-                                           f"previous frame ended; the action path needs {need * 1e3:.0f} ms")
-                    continue
-                run(deadline)
-
-    def _action_path_p90(self) -> float:
-        times = sorted(self._action_path_s)
-        return times[min(len(times) - 1, int(0.9 * len(times)))] if times else 0.0
-
-    def _on_tick(self, deadline: float | None = None) -> None:
-        if not self._engine_lock.acquire(blocking=False):
-            return  # being released
-        try:
-            if self._runner is None or self._builder is None:
-                return
-            self._frame_began = time.perf_counter()
-            built = self._builder.build(self.get_clock().now().nanoseconds, self._runner.subtask)
-            if isinstance(built, Skip):
-                self.stats.skipped.add(built.reason, built.detail)
-                return
-            if built.stamp_ns < self.born_ns:  # observed before this process: never acted on (respawn)
-                self.stats.skipped.add("observed_before_start", f"observation stamped {built.stamp_ns} ns, before "
-                                       f"this node started ({self.born_ns} ns)")
-                return
-            self._run_frame(built, deadline)
-        finally:
-            self._engine_lock.release()
-
-    def _run_frame(self, built: BuiltObservation, deadline: float | None = None) -> None:
-        p = self.params
-        if built.prompt_truncated:
-            self.stats.rejected_inputs.add("prompt_truncated", "the state alone exceeds the model's "
-                                           "max_token_len; the prompt end is cut")
-        if built.instruction_cut and built.instruction != self._cut_instruction:  # once per instruction
-            self._cut_instruction = built.instruction
-            self.stats.rejected_inputs.add("instruction_truncated", f"{len(built.instruction)} chars do not fit "
-                                           "the model's prompt beside the state; the instruction is cut to fit")
-        if self._faults.tripped:
-            return  # max_consecutive_faults reached: the error processing is on its way
-        if self._task_begins:  # a ~/run goal's task: no subtask of the last task conditions it
-            self._task_begins = False
-            self._runner.forget_subtask()
-            if self._run is not None:
-                self._run.task_begins(self._runner.engine.frame_index)
-        self._guard.frame_began()
-        try:
-            out = self._runner.step(built.prepared, stamp_ns=built.stamp_ns, arrived=built.received,
-                                    instruction=built.instruction, on_chunk=self._publish_actions,
-                                    clock_ns=lambda: self.get_clock().now().nanoseconds, deadline=deadline)
-        except Exception as e:  # one bad frame must not stop the node: count, log, start a fresh engine
-            self._guard.frame_ended()
-            if not self.context.ok():
-                return  # shutting down
-            self.stats.errors.add(type(e).__name__, f"{e} (language requests in flight are lost)")
-            self.get_logger().debug(traceback.format_exc())
-            if self._ask is not None:
-                self._ask.abort_all(f"the frame failed: {type(e).__name__}: {e}")
-            self._runner.reset()
-            self._fault_pending |= self._faults.failure(e)  # the supervisor starts the error processing
-            return
-        self._guard.frame_ended()
-        self._faults.success()
-        result = out.result
-        overrun = None if deadline is None else time.perf_counter() - deadline
-        self.stats.record_frame(result.timings, p.period_s, result.tokens_generated, result.rejected,
-                                result.dropped, out.chunk.latency_s, overrun)
-        for done in result.finished:
-            if done.dropped or done.cancelled:
-                continue  # evicted by drop_oldest or cancelled (an ask goal) before finishing: not published
-            msg = language_output(done)
-            self._language_pub.publish(msg)
-            stream_pub = self._stream_pubs.get(msg.stream)
-            if stream_pub is not None:
-                stream_pub.publish(msg)
-            self.stats.record_language(done.text or "", msg.stream)
-        if self._ask is not None:
-            self._ask.on_frame(result)
-        if self._run is not None:
-            self._run.on_frame(result)
-
-    def _publish_actions(self, chunk: ChunkOutput) -> None:
-        """Publish the chunk's executable actions from the first one not already committed (called before any
-        language work of the frame), once they passed the limits, the age limit and the gate (ActionGuard)."""
-        self._action_path_s.append(time.perf_counter() - self._frame_began)
-        self._rtc_guided += chunk.guided
-        self._rtc_last_guided = chunk.guided
-        p, names = self.params, self._loaded.action_names
-        dt = action_period_s(p, chunk.actions.shape[0])
-        with self._publish_lock:  # a ~/run cancel or end holds the gate in between: no chunk after it
-            if not self._admit_and_publish(chunk, p, names, dt):
-                self._runner.forget_chunk()  # the robot does not execute it: the next chunk starts free
-
-    def _admit_and_publish(self, chunk: ChunkOutput, p: NodeParams, names: tuple[str, ...], dt: float) -> bool:
-        now_ns = self.get_clock().now().nanoseconds
-        actions = self._guard.admit(chunk, chunk.published, dt, now_ns, self._store)
-        if actions is None:
-            return False
-        cov = self._coverage.observe((now_ns - chunk.stamp_ns) / 1e9, chunk.start + len(actions), dt)
-        if cov.short:
-            self.stats.warnings.add("chunk_coverage_short", f"frame {chunk.frame_index}: the published actions end "
-                                    f"{cov.covered_s * 1e3:.0f} ms after the stamp, the next chunk is expected after "
-                                    f"{cov.expected_s * 1e3:.0f} ms (period + p90 age): the robot starves")
-        self._action_pub.publish(make_action_chunk(actions, chunk.stamp_ns, chunk.frame_index, names, dt,
-                                                   chunk.latency_s, subtask=chunk.subtask, first_step=chunk.start))
-        if self._trajectory_pub is not None:
-            trajectory = make_trajectory(actions, names, dt, chunk.stamp_ns, self.get_clock().now().nanoseconds,
-                                         chunk.start)
-            if trajectory is None:
-                self.stats.dropped_outputs.add("trajectory_expired", "every point of the chunk's trajectory lies in "
-                                               "the past (inference slower than the chunk)")
-            else:
-                self._trajectory_pub.publish(trajectory)
-        if self._run is not None:
-            self._run.on_chunk()
-        return True
-
-    # ------------------------------------------------------------------------------------------ diagnostics
-    def _publish_diagnostics(self) -> None:
-        runner, loaded = self._runner, self._loaded
-        horizon = runner.n_execute if runner is not None else 0
-        p = self.params
-        extra = {} if p is None else {"mode": p.mode, "control_rate_hz": p.control_rate_hz}
-        if p is not None and runner is not None:
-            if loaded is not None:
-                extra["precision"] = loaded.policy.precision.describe()  # which precision runs, and why
-            extra["graphs"] = runner.engine.graphs_backend  # what runs (auto resolved)
-            extra["graph_stages"] = runner.engine.graph_stages  # which action stages run their graph step
-            extra["kernels"] = runner.engine.kernels  # which CPU kernels each stage runs on, and how decided
-        if p is not None and p.rtc_enabled and runner is not None:  # real-time chunking: what guided the chunks
-            age = runner.delays.age_s
-            extra["rtc_delay"] = f"{runner.delay} actions ({'fixed' if p.rtc_delay != 'auto' else 'auto'}; p90 age "
-            extra["rtc_delay"] += "n/a)" if age is None else f"{age * 1e3:.0f} ms)"
-            extra["rtc_guided_chunks"] = str(self._rtc_guided)
-            extra["rtc_last_chunk_guided"] = str(self._rtc_last_guided).lower()
-            extra.update(self._remainder_diagnostics(p, runner))
-        coverage = self._coverage
-        if coverage is not None and coverage.last is not None:  # does a chunk last until the next one?
-            extra["chunk_coverage_ms"] = f"{coverage.last.covered_s * 1e3:.0f}"
-            extra["next_chunk_expected_ms"] = f"{coverage.last.expected_s * 1e3:.0f}"
-            extra["coverage_short_chunks"] = f"{coverage.short}/{coverage.checked}"
-        if self._coverage_note:
-            extra["coverage_warning"] = self._coverage_note[:300]
-        if p is not None and p.speculate and runner is not None:
-            rate = runner.engine.acceptance_rate
-            extra["draft_acceptance"] = "nan" if rate is None else f"{rate:.3f}"
-        if self._ask is not None:
-            extra.update(self._ask.diagnostics())
-        if self._run is not None:
-            extra.update(self._run.diagnostics())
-        store = self._store
-        if store is not None:
-            extra["instruction"] = (store.instruction or "")[:200]
-            extra["instructions_ignored_during_run"] = str(store.instructions_ignored)
-            if runner is not None and runner.condition_on:  # what the next chunks are conditioned on
-                extra["subtask"] = runner.subtask(store.instruction or "")[:200]
-        warnings: list[str] = []
-        watch = self._camera_watch
-        if store is not None and watch is not None:  # per camera receive rate, image age, silent cameras
-            publishers = [self.count_publishers(topic) for topic in watch.topics]
-            values, warnings = watch.report(store.camera_status(), publishers, self.get_clock().now().nanoseconds)
-            extra.update(values)
-        if self._guard is not None:
-            extra.update(self._guard.diagnostics())
-        extra.update(self._faults.diagnostics())
-        hardware = str(loaded.policy.model.device) if loaded is not None else "none"
-        status = self.stats.status(f"{self.get_name()}: inference", hardware, self._state,
-                                   runner.backlog if runner is not None else 0, horizon, extra, warnings)
-        self._safety_status(status)
-        msg = DiagnosticArray()
-        msg.header.stamp = self.get_clock().now().to_msg()
-        msg.status = [status]
-        self._diag_pub.publish(msg)
-
-    def _remainder_diagnostics(self, p: NodeParams, runner: FrameRunner) -> dict[str, str]:
-        """Where the RTC remainders came from; with the executor's plans, the newest one used (robot units, the
-        first rows) and its observation stamp, so it can be compared with the plans."""
-        counts = runner.remainder_counts
-        out = {"rtc_remainder_source": p.rtc_remainder_source,
-               "rtc_remainders_timing_rule": str(counts["timing_rule"])}
-        if p.rtc_remainder_source == "executor":
-            out["rtc_remainders_executor"] = str(counts["executor"])
-            out["rtc_remainder_fallbacks"] = str(counts["executor_fallback"])
-            executed = self._executed
-            out["rtc_executor_plans_received"] = str(executed.received if executed is not None else 0)
-            if executed is not None and executed.newest_used_ns is not None:
-                out["rtc_last_remainder_newest_plan_ns"] = str(executed.newest_used_ns)
-        last = runner.last_remainder
-        if last is not None:
-            out["rtc_last_remainder_source"] = last[0]
-            out["rtc_last_remainder_stamp_ns"] = str(last[1])
-            if last[2] is not None:
-                out["rtc_last_remainder"] = json.dumps(np.round(last[2][:4], 5).tolist())
-        return out
-
-    def _safety_status(self, status: DiagnosticStatus) -> None:
-        """ERROR after max_consecutive_faults sent the node through ErrorProcessing (until configured again);
-        else what the guard says (a frame past the watchdog, why no chunk is published)."""
-        if self._faults.tripped:
-            status.level = DiagnosticStatus.ERROR
-            status.message = (f"{self._faults.consecutive} frames in a row failed (max_consecutive_faults="
-                              f"{self._faults.limit}): {self._faults.last}; released after error processing, "
-                              "configure to start again")
-        elif self._guard is not None:
-            self._guard.annotate(status, self._state == "active")
 
     def _safe(self, fn: Callable[..., Any], what: str | None = None) -> Callable[..., None]:
         """Wrap a callback so an unexpected exception is counted and logged instead of killing the executor."""

@@ -58,7 +58,8 @@ def subscribe_latched_and_volatile(node: Node, msg_type: Any, topic: str, callba
     """Two subscriptions to ``topic``: a transient-local one receives what a latched publisher sent before this
     node started (restarts, late joining); a volatile one receives volatile publishers, which a transient-local
     subscription cannot match (its incompatible-QoS events are expected and not reported). A latched publisher's
-    message arrives on both: the callback drops the duplicate (e.g. :class:`~oxygen_ros.ros.safety.NewestPerPublisher`).
+    message arrives on both: the callback drops the duplicate (e.g.
+    :class:`~oxygen_ros.robot.newest.NewestPerPublisher`).
     """
     quiet = SubscriptionEventCallbacks(incompatible_qos=lambda event: None)
     return [node.create_subscription(msg_type, topic, callback, latched(), callback_group=group,

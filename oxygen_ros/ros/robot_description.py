@@ -10,8 +10,10 @@ from rclpy.node import Node
 from rclpy.subscription import Subscription
 from std_msgs.msg import String
 
+from oxygen_ros.robot.limits import JointLimit
+from oxygen_ros.robot.urdf import UrdfError, urdf_limits
+
 from . import qos
-from .limits import JointLimit, UrdfError, urdf_limits
 
 __all__ = ["subscribe_robot_description"]
 

@@ -85,8 +85,8 @@ def node_engine(args: argparse.Namespace) -> tuple[Pi05Model, EngineConfig, int,
     """The node's model, engine configuration (``graphs: aot``) and torch threads from its params files, and the
     notes its loader logged: through the node's own ``load_node_policy`` / ``engine_config`` / ``rtc_config``."""
     from oxygen_ros.evaluation.cli import parse_overrides, read_params_file
-    from oxygen_ros.ros.model_loader import engine_config, load_node_policy, rtc_config
-    from oxygen_ros.ros.params import validate
+    from oxygen_ros.runtime.model_loader import engine_config, load_node_policy, rtc_config
+    from oxygen_ros.runtime.params import validate
 
     values: dict = {}
     for path in args.params_file:

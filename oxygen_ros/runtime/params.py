@@ -23,9 +23,8 @@ from oxygen_ros.engine.tokenizer import CUSTOM_TASK
 from oxygen_ros.params import MISSING, ParamError, ParamSpec, lookup, param, read_specs, robot_param, specs_of
 from oxygen_ros.params import markdown_table as _table
 from oxygen_ros.policy.options import NORMALIZATIONS, REQUEST_TASKS, StreamParams, shared
-
-from .limits import LIMIT_FIELDS, LIMIT_POLICIES, joint_limit_names
-from .limits import parse_limit_parameters as _joint_limits
+from oxygen_ros.robot.limits import LIMIT_FIELDS, LIMIT_POLICIES, joint_limit_names
+from oxygen_ros.robot.limits import parse_limit_parameters as _joint_limits
 
 __all__ = [
     "DEFAULT_CAMERA_TOPIC",
@@ -391,5 +390,5 @@ def validate(values: Mapping[str, Any]) -> NodeParams:
 
 
 def markdown_table(specs: Iterable[ParamSpec] = PARAMS) -> str:
-    """A Markdown table of ``specs`` (docs/parameters.md, written by ``oxygen_ros.ros.param_docs``)."""
+    """A Markdown table of ``specs`` (docs/parameters.md, written by ``oxygen_ros.runtime.param_docs``)."""
     return _table(specs)

@@ -1,8 +1,5 @@
-"""Output limits: each action joint's position range and largest velocity, read from the robot's URDF (the
-``robot_description`` topic, parsed with ROS's ``urdf_parser_py``) and / or the ``limits.<joint>.min``, ``.max``,
-``.max_velocity`` parameters (parameters win, field by field), and the check every chunk passes before the node
-publishes it (:class:`ActionLimiter`). ``.max_acceleration`` (parameters only: a URDF has none) bounds the chunk
-executor's setpoint stream (:mod:`oxygen_ros.executor.setpoint_limits`); the chunk check does not use it.
+"""The check every chunk passes before the node publishes it (:class:`ActionLimiter`), against the joint
+limits (:mod:`.limits`: the URDF's and the ``limits.<joint>.*`` parameters).
 
 The check, on the action timing rule (action i is the target for ``stamp + (i + 1) * dt``):
 
@@ -17,9 +14,6 @@ The check, on the action timing rule (action i is the target for ``stamp + (i + 
 the joint can reach from the previous one (from the present position for action k), then every action is clipped to
 the position range (a position range and the present position that lies outside it cannot both hold; the range
 wins). ``reject`` drops the chunk and reports which rule and joints failed.
-
-URDF rules follow ros2_control's ``joint_limits`` package: revolute and prismatic joints have a position range and a
-velocity limit, continuous joints only a velocity limit, other joint types none; a velocity of 0 means none.
 """
 
 from __future__ import annotations
@@ -27,153 +21,15 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any
+from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LIMIT_FIELDS", "LIMIT_POLICIES", "ActionLimiter", "JointLimit", "LimitCheck", "UrdfError",
-           "joint_limit_names", "merge_limits", "parse_limit_parameters", "urdf_limits"]
+from .limits import LIMIT_POLICIES, JointLimit, merge_limits
 
-LIMIT_POLICIES = ("clamp", "reject")
+__all__ = ["ActionLimiter", "LimitCheck"]
+
 _REL_TOL, _ABS_TOL = 1e-6, 1e-9  # float32 actions compared with float64 limits
-
-
-class UrdfError(ValueError):
-    """A robot description that cannot be parsed."""
-
-
-@dataclass(frozen=True)
-class JointLimit:
-    """One joint's limits; None = no such limit. ``source`` says where each came from (urdf, param)."""
-
-    lower: float | None = None
-    upper: float | None = None
-    max_velocity: float | None = None
-    source: str = ""
-    max_acceleration: float | None = None  # limits.<joint>.max_acceleration only (URDF has none)
-
-    @property
-    def empty(self) -> bool:
-        return self.lower is None and self.upper is None and self.max_velocity is None \
-            and self.max_acceleration is None
-
-    def describe(self) -> str:
-        """e.g. ``[-1.5, 1.5], 2 /s (urdf)`` (``, 4 /s^2`` with an acceleration limit)."""
-        lo = "-inf" if self.lower is None else f"{self.lower:g}"
-        hi = "inf" if self.upper is None else f"{self.upper:g}"
-        vel = "no velocity limit" if self.max_velocity is None else f"{self.max_velocity:g} /s"
-        acc = "" if self.max_acceleration is None else f", {self.max_acceleration:g} /s^2"
-        return f"[{lo}, {hi}], {vel}{acc} ({self.source or 'none'})"
-
-
-_URDF_LOCK = threading.Lock()
-
-
-def urdf_limits(xml: str) -> tuple[str, dict[str, JointLimit], list[str]]:
-    """The joint limits of a URDF document: (robot name, limits per joint name, notes on what was not taken).
-
-    Raises:
-        UrdfError: the text is not a URDF urdf_parser_py can read.
-    """
-    from lxml import etree  # here, not at the top: params imports this module and needs no XML parser
-    from urdf_parser_py import urdf
-    from urdf_parser_py.xml_reflection import core
-
-    if not xml.strip():
-        raise UrdfError("empty robot description")
-    notes: list[str] = []
-    with _URDF_LOCK:  # the parser reports unknown tags through a module-level hook
-        hook, core.on_error = core.on_error, lambda message: None
-        try:
-            root = etree.fromstring(xml.encode())
-            if root.tag != "robot":
-                raise UrdfError(f"the root element is <{root.tag}>, not <robot>")
-            robot = urdf.URDF.from_xml_string(xml)
-        except UrdfError:
-            raise
-        except Exception as e:  # ParseError, lxml's XMLSyntaxError, assertions on joint types
-            raise UrdfError(f"{type(e).__name__}: {str(e).strip()[:300]}") from e
-        finally:
-            core.on_error = hook
-    limits: dict[str, JointLimit] = {}
-    for joint in robot.joints:
-        kind, lim = joint.type, joint.limit
-        if kind not in ("revolute", "prismatic", "continuous"):
-            continue
-        if lim is None:
-            notes.append(f"{joint.name}: {kind} joint without <limit>")
-            continue
-        velocity = _finite(lim.velocity)
-        velocity = abs(velocity) if velocity else None  # 0: no velocity limit
-        lower = upper = None
-        if kind != "continuous":
-            lower, upper = _finite(lim.lower), _finite(lim.upper)
-            if lower is not None and upper is not None and lower > upper:
-                notes.append(f"{joint.name}: lower {lower:g} > upper {upper:g}, position limits ignored")
-                lower = upper = None
-        limits[joint.name] = JointLimit(lower, upper, velocity, "urdf")
-    return str(robot.name or ""), limits, notes
-
-
-def _finite(value: object) -> float | None:
-    try:
-        x = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) else None
-
-
-def merge_limits(urdf: Mapping[str, JointLimit], overrides: Mapping[str, Mapping[str, float]]) -> dict[str, JointLimit]:
-    """URDF limits with the ``limits.<joint>.<field>`` parameters applied on top (each given field wins)."""
-    out = dict(urdf)
-    for joint, fields in overrides.items():
-        base = out.get(joint, JointLimit())
-        changes = {{"min": "lower", "max": "upper"}.get(k, k): float(v) for k, v in fields.items()}
-        if not changes:
-            continue
-        source = "param" if base.empty else f"{base.source}+param" if "param" not in base.source else base.source
-        out[joint] = replace(base, **changes, source=source)
-    return out
-
-
-LIMIT_FIELDS = ("min", "max", "max_velocity", "max_acceleration")  # limits.<joint>.<field>
-
-
-def joint_limit_names(values: Mapping[str, Any]) -> list[str]:
-    """The ``limits.<joint>.<field>`` names among ``values`` (flat ROS names; fields unchecked)."""
-    return [k for k in values if k.startswith("limits.") and k.count(".") >= 2]
-
-
-def parse_limit_parameters(values: Mapping[str, Any]) -> tuple[dict[str, dict[str, float]], list[str]]:
-    """``{joint: {field: value}}`` from the ``limits.<joint>.<field>`` values (ROS's flat names, or a YAML file's
-    nested ``limits: {<joint>: {<field>: value}}``), and the problems found. The node's parameters and the chunk
-    executor's (the same scheme)."""
-    raw: dict[tuple[str, str], Any] = {}
-    for name in joint_limit_names(values):
-        joint, field_name = name[len("limits."):].rsplit(".", 1)
-        raw[(joint, field_name)] = values[name]
-    nested = values.get("limits")
-    if isinstance(nested, Mapping):
-        for joint, fields in nested.items():
-            if isinstance(fields, Mapping):
-                raw.update({(str(joint), str(k)): v for k, v in fields.items()})
-    out: dict[str, dict[str, float]] = {}
-    problems = []
-    for (joint, field_name), value in raw.items():
-        name = f"limits.{joint}.{field_name}"
-        if field_name not in LIMIT_FIELDS:
-            problems.append(f"{name}: unknown field (limits.<joint>.min, .max, .max_velocity or .max_acceleration)")
-        elif isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            problems.append(f"{name}: expected a finite number, got {type(value).__name__} {value!r}"[:200])
-        elif field_name in ("max_velocity", "max_acceleration") and not value > 0:
-            problems.append(f"{name}: must be > 0; got {value}")
-        else:
-            out.setdefault(joint, {})[field_name] = float(value)
-    for joint, fields in out.items():
-        if "min" in fields and "max" in fields and fields["min"] > fields["max"]:
-            problems.append(f"limits.{joint}.min: {fields['min']} > limits.{joint}.max {fields['max']}")
-    return out, problems
 
 
 @dataclass
