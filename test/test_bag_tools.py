@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxygen_ros.world.synthetic import DEFAULT_CAMERAS, joint_state, render_scene
+from oxygen_ros.testing.synthetic_scene import DEFAULT_CAMERAS, joint_state, render_scene
 
 # --- demo scene -----------------------------------------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from oxygen_ros.evaluation.demo_fleet import (  # noqa: E402
 from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
-from oxygen_ros.models import toy_model_available  # noqa: E402
+from oxygen_ros.policy.shipped_model import toy_model_available  # noqa: E402
 from oxygen_ros.ros.params import validate  # noqa: E402
 from oxygen_ros.testing.fault_injection import fault_env  # noqa: E402
 from oxygen_ros.testing.load import cpu_hogs  # noqa: E402

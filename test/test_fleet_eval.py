@@ -29,7 +29,7 @@ from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, oxygen_typestore  # noqa: E402
-from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available  # noqa: E402
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR, toy_model_available  # noqa: E402
 
 HORIZON = read_config(TOY_MODEL_DIR).action_horizon if toy_model_available() else 0  # the toy's chunk (16)
 pytestmark = [pytest.mark.skipif(not toy_model_available(), reason="the embedded toy model's files are missing"),
