@@ -43,7 +43,7 @@ setup(
             "oxygen-make-checkpoint = oxygen_ros.tools.make_checkpoint:main",
             "oxygen-make-tokenizer = oxygen_ros.tools.make_tokenizer:main",
             "oxygen-bench = oxygen_ros.bench.cli:main",
-            "oxygen-make-demo-bag = oxygen_ros.evaluation.cli:make_demo_bag_main",
+            "oxygen-make-demo-bag = oxygen_ros.tools.make_demo_bag:main",
             "oxygen-replay-bag = oxygen_ros.evaluation.cli:replay_bag_main",
             "oxygen-evaluate-bag = oxygen_ros.evaluation.cli:main",
             "oxygen-export-lerobot = oxygen_ros.export.cli:main",

@@ -34,7 +34,7 @@ def test_the_layers_hold() -> None:
     ("policy/_probe.py", "from oxygen_ros.ros import params\n", "policy imports only the engine"),
     ("toy/world/_probe.py", "import oxygen_ros.engine\n", "the toy world is plain numpy"),
     ("executor/_probe.py", "import oxygen_ros.toy.world\n", "the product rooms do not import the toy room"),
-    ("toy/_probe.py", "import oxygen_ros.evaluation\n", "the toy room (the embedded example) builds on the product"),
+    ("toy/_probe.py", "import oxygen_ros.bench\n", "the toy room (the embedded example) builds on the product"),
     ("params/_probe.py", "from oxygen_ros.ros import limits\n", "params (the one parameter schema) imports nothing"),
     ("serve/_probe.py", "from oxygen_ros.ros import params\n", "serve (the openpi-protocol server) imports only"),
     ("bench/_probe.py", "import oxygen_ros.tools.profile\n", "nothing imports tools/"),
