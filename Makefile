@@ -69,10 +69,10 @@ env: setup
 	@bash tools/ros_env.sh --print $(VENV)
 
 demo: setup
-	$(BIN)/python -m oxygen_ros.demo --duration 20
+	$(BIN)/python -m oxygen_ros.toy.demo --duration 20
 
 demo-executor: setup
-	$(BIN)/python -m oxygen_ros.demo --duration 20 --executor
+	$(BIN)/python -m oxygen_ros.toy.demo --duration 20 --executor
 
 test: setup
 	$(BIN)/python -m pytest -q test

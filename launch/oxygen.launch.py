@@ -49,7 +49,7 @@ from launch_ros.substitutions import FindPackageShare
 
 from oxygen_ros.executor.rt import parse_cpus
 from oxygen_ros.ros.dds import PROFILE_FILE_NAME, dds_profile_environment
-from oxygen_ros.world import CAMERAS as SIM_CAMERAS  # the tabletop simulator's cameras
+from oxygen_ros.toy.world import CAMERAS as SIM_CAMERAS  # the tabletop simulator's cameras
 
 PACKAGE = "oxygen_ros"
 EXECUTABLE = "oxygen_node"

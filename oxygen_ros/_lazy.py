@@ -1,4 +1,4 @@
-"""Package-level names that load their module on first use (so ``from oxygen_ros.sim import chunk_problem`` needs no
+"""Package-level names that load their module on first use (so ``from oxygen_ros.toy.sim import chunk_problem`` needs no
 rclpy, and importing one evaluation tool does not load torch)."""
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxygen_ros.world.synthetic import DEFAULT_CAMERAS, joint_state, render_scene
+from oxygen_ros.testing.synthetic_scene import DEFAULT_CAMERAS, joint_state, render_scene
 
 # --- demo scene -----------------------------------------------------------------------------------------------
 
@@ -60,12 +60,12 @@ def test_joint_state_smooth() -> None:
 rosbags = pytest.importorskip("rosbags", reason="rosbags is not installed")
 from rosbags.highlevel import AnyReader  # noqa: E402
 
-from oxygen_ros.evaluation.cli import make_demo_bag_main  # noqa: E402  (oxygen-make-demo-bag)
 from oxygen_ros.evaluation.demo_bag import (  # noqa: E402
     DEFAULT_JOINT_NAMES,
     START_TIME_NS,
     make_demo_bag,
 )
+from oxygen_ros.tools.make_demo_bag import main as make_demo_bag_main  # noqa: E402  (oxygen-make-demo-bag)
 
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 CAM_TOPICS = [f"/cameras/{c}/image_raw" for c in CAMS]

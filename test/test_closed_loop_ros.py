@@ -16,8 +16,8 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 from rich.console import Console  # noqa: E402
 
-from oxygen_ros.demo import main, print_summary, run_demo  # noqa: E402
-from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available  # noqa: E402
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR, toy_model_available  # noqa: E402
+from oxygen_ros.toy.demo import main, print_summary, run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -73,8 +73,8 @@ def test_node_builds_the_same_model_input_as_training_and_evaluation() -> None:
     from oxygen_ros.ros.input_store import InputStore
     from oxygen_ros.ros.observation_builder import ObservationBuilder
     from oxygen_ros.ros.stamps import time_msg
-    from oxygen_ros.train.policy import NormStats, to_model_observation
-    from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld
+    from oxygen_ros.toy.train.policy import NormStats, to_model_observation
+    from oxygen_ros.toy.world import CAMERAS, JOINT_NAMES, TabletopWorld
 
     policy = load_policy(TOY_MODEL_DIR)
     tok = policy.tokenizer

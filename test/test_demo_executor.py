@@ -16,7 +16,7 @@ os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 from rich.console import Console  # noqa: E402
 
-from oxygen_ros.demo import main, print_summary, run_demo  # noqa: E402
+from oxygen_ros.toy.demo import main, print_summary, run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 

@@ -18,19 +18,19 @@ pytest.importorskip("sensor_msgs.msg", reason="the ROS 2 message wheels are not 
 from conftest import NODE_PRESETS  # noqa: E402
 
 from oxygen_ros.evaluation import cli  # noqa: E402
-from oxygen_ros.evaluation.demo_fleet import (  # noqa: E402
+from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
+from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
+from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
+from oxygen_ros.policy.shipped_model import toy_model_available  # noqa: E402
+from oxygen_ros.runtime.params import validate  # noqa: E402
+from oxygen_ros.testing.fault_injection import fault_env  # noqa: E402
+from oxygen_ros.testing.load import cpu_hogs  # noqa: E402
+from oxygen_ros.toy.demo_fleet import (  # noqa: E402
     COMMAND_TOPIC,
     NARRATION_TOPIC,
     SUBTASK_TOPIC,
     make_tabletop_bag,
 )
-from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
-from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
-from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
-from oxygen_ros.models import toy_model_available  # noqa: E402
-from oxygen_ros.runtime.params import validate  # noqa: E402
-from oxygen_ros.testing.fault_injection import fault_env  # noqa: E402
-from oxygen_ros.testing.load import cpu_hogs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SCORING = ScoringOptions(COMMAND_TOPIC, (), {"subtask": SUBTASK_TOPIC, "narration": NARRATION_TOPIC}, 0.05)

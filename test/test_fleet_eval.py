@@ -21,7 +21,6 @@ from rosbags.rosbag2 import Writer  # noqa: E402
 from oxygen_ros.engine.checkpoint import init_random_weights, read_config, save_checkpoint  # noqa: E402
 from oxygen_ros.engine.model import Pi05Model  # noqa: E402
 from oxygen_ros.evaluation import cli  # noqa: E402
-from oxygen_ros.evaluation.demo_fleet import COMMAND_TOPIC, NARRATION_TOPIC, SUBTASK_TOPIC  # noqa: E402
 from oxygen_ros.evaluation.fleet import evaluate_fleet, find_bags  # noqa: E402
 from oxygen_ros.evaluation.fleet_report import FLEET_PLOTS  # noqa: E402
 from oxygen_ros.evaluation.outputs import ACTION_TOPIC  # noqa: E402
@@ -29,7 +28,9 @@ from oxygen_ros.evaluation.reference import ScoringOptions  # noqa: E402
 from oxygen_ros.evaluation.run import evaluate_bag  # noqa: E402
 from oxygen_ros.evaluation.timing import ReplayTiming  # noqa: E402
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, oxygen_typestore  # noqa: E402
-from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available  # noqa: E402
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR, toy_model_available  # noqa: E402
+from oxygen_ros.tools import make_demo_bag  # noqa: E402
+from oxygen_ros.toy.demo_fleet import COMMAND_TOPIC, NARRATION_TOPIC, SUBTASK_TOPIC  # noqa: E402
 
 HORIZON = read_config(TOY_MODEL_DIR).action_horizon if toy_model_available() else 0  # the toy's chunk (16)
 pytestmark = [pytest.mark.skipif(not toy_model_available(), reason="the embedded toy model's files are missing"),
@@ -46,7 +47,7 @@ SCORING = ScoringOptions(COMMAND_TOPIC, (), {"subtask": SUBTASK_TOPIC, "narratio
 def fleet_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Four tabletop bags from the command line (expert commands, subtask and narration annotations)."""
     out = tmp_path_factory.mktemp("fleet") / "bags"
-    assert cli.make_demo_bag_main([str(out), "--scene", "tabletop", "--count", "4", "--no-progress"]) == 0
+    assert make_demo_bag.main([str(out), "--scene", "tabletop", "--count", "4", "--no-progress"]) == 0
     return out
 
 

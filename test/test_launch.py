@@ -541,7 +541,7 @@ def test_checkpoint_path_replaces_the_embedded_model(recorder: Recorder, tmp_pat
         recorder.text("oxygen_node")
     out = recorder.text("oxygen_node")
     assert f"configure failed: checkpoint_path: {missing} does not exist" in out, out
-    assert "configured in" not in out and "models/toy" not in out, out
+    assert "configured in" not in out and "toy/model" not in out, out
 
 
 # ---------------------------------------------------------------------------------------------- Ctrl-C

@@ -215,7 +215,7 @@ def test_demo_runs_and_summarises() -> None:
 
     from rich.console import Console
 
-    from oxygen_ros.demo import print_summary, run_demo
+    from oxygen_ros.toy.demo import print_summary, run_demo
 
     console = Console(file=io.StringIO(), width=120)
     summary = run_demo(duration=4.0, domain_id=DEMO_DOMAIN, image_size=96, console=console, scene="synthetic")

@@ -39,7 +39,7 @@ def test_every_package_and_the_model_ship(wheel: zipfile.ZipFile) -> None:
                 if "__pycache__" not in p.parts}
     for package in packages:
         assert f"{package}/__init__.py" in names, f"{package} is not a package (missing from a pip install)"
-    toy = "oxygen_ros/models/toy/"
+    toy = "oxygen_ros/toy/model/"
     assert {toy + f for f in ("model.safetensors", "config.json", "norm_stats.json", "tokenizer.model")} <= names
     assert not {n for n in names if n.startswith(toy) and ("train_log" in n or "train_curves" in n)}
     data = [n for n in names if ".data/data/share/oxygen_ros/" in n]

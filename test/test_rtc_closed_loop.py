@@ -1,5 +1,5 @@
-"""Chunk execution under inference delay (world/delayed.py) and real-time chunking in the toy closed loop
-(train/rtc_eval.py): hand-computed switches and jumps, and RTC against the naive switch on a short real run."""
+"""Chunk execution under inference delay (toy/world/delayed.py) and real-time chunking in the toy closed loop
+(toy/train/rtc_eval.py): hand-computed switches and jumps, and RTC against the naive switch on a short real run."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxygen_ros.world import TabletopWorld, WorldConfig
-from oxygen_ros.world.delayed import DelayedExecutor
+from oxygen_ros.toy.world import TabletopWorld, WorldConfig
+from oxygen_ros.toy.world.delayed import DelayedExecutor
 
 BASE = np.array([0.5, 0.5, 1.0, 0.0])  # raised, gripper open: nothing is grasped, the world just moves
 STEP_X = np.array([0.05, 0.0, 0.0, 0.0])
@@ -61,7 +61,7 @@ def test_a_time_consistent_policy_never_jumps(blend: str, delay: int, period: in
     """Action i of a chunk observed at step t is the command for step t + i: a policy that commands f(step)
     whatever its observation is followed exactly from the first take-over on (the chunk long enough to cover
     the next switch: 12 actions)."""
-    from oxygen_ros.train.rtc_eval import jerk
+    from oxygen_ros.toy.train.rtc_eval import jerk
 
     def f(step):
         return BASE + np.array([0.01 * step - 0.2, 0.0, 0.0, 0.0])
@@ -90,7 +90,7 @@ def test_a_chunk_that_ran_out_is_held() -> None:
 
 
 def test_jerk_of_a_cubic() -> None:
-    from oxygen_ros.train.rtc_eval import jerk, switch_jumps
+    from oxygen_ros.toy.train.rtc_eval import jerk, switch_jumps
 
     steps = np.arange(10.0)
     c = np.stack([0.001 * steps ** 3, np.zeros(10), np.zeros(10), np.ones(10)], 1)
@@ -122,7 +122,7 @@ def test_rtc_smooths_the_switches_of_the_toy_model(tmp_path) -> None:
     import yaml
 
     from oxygen_ros.policy.rtc import PAPER_RTC
-    from oxygen_ros.train.rtc_eval import STRATEGIES, RTCClosedLoop, compare_table, markdown_table, summarize
+    from oxygen_ros.toy.train.rtc_eval import STRATEGIES, RTCClosedLoop, compare_table, markdown_table, summarize
 
     torch.set_num_threads(1)
     # the tabletop preset's guided region (8 actions of the 16-action chunk; guided over the whole remainder, seed

@@ -136,9 +136,9 @@ def world():
     simulator hosted in the probe's process; yields (probe, sim, runner, node process)."""
     from rclpy.parameter import Parameter
 
-    from oxygen_ros.sim.node import TabletopSimNode
     from oxygen_ros.testing.probe import Probe
     from oxygen_ros.testing.process import NodeProcess
+    from oxygen_ros.toy.sim.node import TabletopSimNode
 
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     node = NodeProcess(REPO / "config" / "tabletop.yaml", {"run.stall_s": 5.0}, domain_id=DOMAIN).start()

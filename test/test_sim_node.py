@@ -28,9 +28,9 @@ from std_msgs.msg import String  # noqa: E402
 from oxygen_ros.ros.image_conversion import image_msg_to_array  # noqa: E402
 from oxygen_ros.ros.publishers import make_action_chunk  # noqa: E402
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg  # noqa: E402
-from oxygen_ros.sim import TabletopSimNode, chunk_start_index  # noqa: E402
-from oxygen_ros.sim.node import SIM_CLOCK_START_NS  # noqa: E402
-from oxygen_ros.world import CAMERAS, JOINT_NAMES, expert_chunk  # noqa: E402
+from oxygen_ros.toy.sim import TabletopSimNode, chunk_start_index  # noqa: E402
+from oxygen_ros.toy.sim.node import SIM_CLOCK_START_NS  # noqa: E402
+from oxygen_ros.toy.world import CAMERAS, JOINT_NAMES, expert_chunk  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 

@@ -26,8 +26,8 @@ from std_msgs.msg import Float64MultiArray, String  # noqa: E402
 
 from oxygen_ros.ros.publishers import make_action_chunk  # noqa: E402
 from oxygen_ros.ros.stamps import time_msg  # noqa: E402
-from oxygen_ros.sim import TabletopSimNode, setpoint_from_array, setpoint_from_joint_state  # noqa: E402
-from oxygen_ros.world import JOINT_NAMES, expert_action  # noqa: E402
+from oxygen_ros.toy.sim import TabletopSimNode, setpoint_from_array, setpoint_from_joint_state  # noqa: E402
+from oxygen_ros.toy.world import JOINT_NAMES, expert_action  # noqa: E402
 
 pytestmark = [pytest.mark.ros]
 

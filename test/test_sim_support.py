@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from oxygen_ros.sim.chunks import aligned_actions, chunk_problem
-from oxygen_ros.sim.scoring import MemoryTruth, SimCounters
+from oxygen_ros.toy.sim.chunks import aligned_actions, chunk_problem
+from oxygen_ros.toy.sim.scoring import MemoryTruth, SimCounters
 
 JOINTS = ("ee_x", "ee_y", "ee_z", "gripper")
 
@@ -42,8 +42,8 @@ def test_memory_truth_keeps_the_newest() -> None:
 
 
 def test_scene_truth_states_every_task_and_answers() -> None:
-    from oxygen_ros.sim.scoring import TaskScore, scene_truth
-    from oxygen_ros.world import TabletopWorld, answer, expert_subtask, narration_text
+    from oxygen_ros.toy.sim.scoring import TaskScore, scene_truth
+    from oxygen_ros.toy.world import TabletopWorld, answer, expert_subtask, narration_text
 
     world = TabletopWorld(seed=3)
     truth = scene_truth(world)
@@ -56,7 +56,7 @@ def test_scene_truth_states_every_task_and_answers() -> None:
 
 
 def test_find_config_prefers_the_checkout(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from oxygen_ros.demo import config
+    from oxygen_ros.toy.demo import config
 
     repo = Path(__file__).resolve().parents[1]
     assert config.find_config("tabletop") == repo / "config" / "tabletop.yaml"

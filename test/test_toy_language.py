@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from oxygen_ros.engine.tokenizer import QUESTION_TEMPLATE, PromptTokenizer
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import load_policy
-from oxygen_ros.train.data import collect, make_batch
-from oxygen_ros.train.evaluate import ClosedLoop, evaluate, prepare_with_subtask
-from oxygen_ros.train.policy import NormStats
-from oxygen_ros.train.recipe import make_world_tokenizer, toy_config
-from oxygen_ros.world import (
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
+from oxygen_ros.toy.train.data import collect, make_batch
+from oxygen_ros.toy.train.evaluate import ClosedLoop, evaluate, prepare_with_subtask
+from oxygen_ros.toy.train.policy import NormStats
+from oxygen_ros.toy.train.recipe import make_world_tokenizer, toy_config
+from oxygen_ros.toy.world import (
     QUESTION_FORMS,
     TabletopWorld,
     answer,

@@ -11,18 +11,18 @@ import torch
 
 from oxygen_ros.engine.checkpoint import load_checkpoint, read_config, save_checkpoint
 from oxygen_ros.engine.tokenizer import PromptTokenizer
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import PolicyConfigError, load_policy
 from oxygen_ros.policy.coverage import coverage_warning
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
 from oxygen_ros.study.reference import reference_language_logits
-from oxygen_ros.train.data import collect, make_batch
-from oxygen_ros.train.evaluate import ClosedLoop, evaluate
-from oxygen_ros.train.losses import _mask_and_positions, sample_time, training_losses
-from oxygen_ros.train.object_maps import OBJECT_CLASSES, object_maps
-from oxygen_ros.train.policy import NormStats, episode_noise
-from oxygen_ros.train.recipe import init_toy_model, make_world_tokenizer, sincos_2d, toy_config
-from oxygen_ros.train.train import TrainConfig, train, warm_start
-from oxygen_ros.world import TabletopWorld
+from oxygen_ros.toy.train.data import collect, make_batch
+from oxygen_ros.toy.train.evaluate import ClosedLoop, evaluate
+from oxygen_ros.toy.train.losses import _mask_and_positions, sample_time, training_losses
+from oxygen_ros.toy.train.object_maps import OBJECT_CLASSES, object_maps
+from oxygen_ros.toy.train.policy import NormStats, episode_noise
+from oxygen_ros.toy.train.recipe import init_toy_model, make_world_tokenizer, sincos_2d, toy_config
+from oxygen_ros.toy.train.train import TrainConfig, train, warm_start
+from oxygen_ros.toy.world import TabletopWorld
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from oxygen_ros.world import (
+from oxygen_ros.toy.world import (
     CAMERAS,
     JOINT_NAMES,
     TabletopWorld,
@@ -14,7 +14,7 @@ from oxygen_ros.world import (
     expert_subtask,
     run_expert,
 )
-from oxygen_ros.world.render import COLORS
+from oxygen_ros.toy.world.render import COLORS
 
 
 def _trajectory(seed: int) -> tuple[list[np.ndarray], list[str]]:

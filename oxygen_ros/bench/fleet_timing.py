@@ -1,7 +1,7 @@
 """Time per bag of a fleet evaluation: sequentially in-process against local Ray with 1 and 2 workers, on the same
 demo bags in one run (``python -m oxygen_ros.bench.fleet_timing --bags 20 --out runs/fleet_timing``).
 
-The bags are tabletop demo bags (:mod:`oxygen_ros.evaluation.demo_fleet`) scored with the embedded model as the
+The bags are tabletop demo bags (:mod:`oxygen_ros.toy.demo_fleet`) scored with the embedded model as the
 README's fleet run does. Each configuration evaluates every bag (``rerun``), into a temporary output. Reported per
 configuration: the wall time per bag (everything: for Ray its start, the actors' policy loads and the transfers), the
 time per bag inside a worker, the ratios to the sequential run, and whether every bag's outputs and scores equal
@@ -23,9 +23,9 @@ import torch
 
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.evaluation.cli import read_params_file
-from oxygen_ros.evaluation.demo_fleet import COMMAND_TOPIC, NARRATION_TOPIC, SUBTASK_TOPIC, make_demo_fleet
 from oxygen_ros.evaluation.fleet import evaluate_fleet
 from oxygen_ros.evaluation.reference import ScoringOptions
+from oxygen_ros.toy.demo_fleet import COMMAND_TOPIC, NARRATION_TOPIC, SUBTASK_TOPIC, make_demo_fleet
 
 __all__ = ["main", "run"]
 

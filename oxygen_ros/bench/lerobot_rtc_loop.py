@@ -8,7 +8,7 @@ embedded toy checkpoint); the client speaks LeRobot's protocol over a real chann
 ``Ready`` + ``SendPolicyInstructions`` per episode, then per frame a pickled ``TimedObservation`` (motor values by
 name, camera images, ``task``; ``timestep`` = the world step it was taken at, ``must_go``) in chunks and
 ``GetActions``. The chunk's action i is the command for step ``timestep + i`` (LeRobot's ``TimedAction`` timesteps),
-and it takes over ``d`` steps after its observation (:class:`~oxygen_ros.world.delayed.DelayedExecutor`: the world
+and it takes over ``d`` steps after its observation (:class:`~oxygen_ros.toy.world.delayed.DelayedExecutor`: the world
 keeps executing the current actions while the next chunk is computed; simulated time, so the result does not depend
 on this host's speed). Strategies, on the same episodes and the same noise per frame:
 
@@ -19,7 +19,7 @@ on this host's speed). Strategies, on the same episodes and the same noise per f
   timestep on.
 
 Per (strategy, d): success, the jump of the commanded action at each chunk switch and the jerk
-(:func:`~oxygen_ros.train.rtc_eval.summarize`). Writes ``results.json``, ``table.md`` and ``plot.png``.
+(:func:`~oxygen_ros.toy.train.rtc_eval.summarize`). Writes ``results.json``, ``table.md`` and ``plot.png``.
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ import grpc
 import numpy as np
 import torch
 
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import load_policy
 from oxygen_ros.policy.rtc import RTCSchedule
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
 from oxygen_ros.serve.lerobot_pickle import RemotePolicyConfig, TimedAction, TimedObservation, dumps, loads
 from oxygen_ros.serve.lerobot_proto import services_pb2, services_pb2_grpc
 from oxygen_ros.serve.lerobot_server import LeRobotServer
 from oxygen_ros.serve.options import build_server, parse
-from oxygen_ros.train.evaluate import EVAL_FIRST_SEED
-from oxygen_ros.train.policy import episode_noise
-from oxygen_ros.train.rtc_eval import EpisodeTrace, markdown_table, plot, summarize
-from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
-from oxygen_ros.world.delayed import DelayedExecutor
+from oxygen_ros.toy.train.evaluate import EVAL_FIRST_SEED
+from oxygen_ros.toy.train.policy import episode_noise
+from oxygen_ros.toy.train.rtc_eval import EpisodeTrace, markdown_table, plot, summarize
+from oxygen_ros.toy.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
+from oxygen_ros.toy.world.delayed import DelayedExecutor
 
 __all__ = ["STRATEGIES", "run"]
 

@@ -23,11 +23,11 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import RawObservation, load_policy
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
-from oxygen_ros.train.policy import episode_noise
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
+from oxygen_ros.toy.train.policy import episode_noise
+from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig
 
 FIRST_SEED = 2_000_000
 

@@ -24,10 +24,10 @@ from oxygen_ros.bench.progress import progress_bar
 from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.engine import EngineConfig, build_engine
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import RawObservation, load_policy
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
+from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig
 
 
 def run(graphs: str = "compile", episodes: int = 20, max_steps: int = 60, k: int = 5, max_new_tokens: int = 16,

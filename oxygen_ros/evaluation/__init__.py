@@ -8,8 +8,8 @@
 - scores against the recording: :mod:`.reference` (reference topics, annotations, :class:`ScoringOptions`),
   :mod:`.alignment` (the action timing rule, interpolation), :mod:`.scoring` (the metrics);
 - many bags: :mod:`.fleet` (:func:`evaluate_fleet`, on Ray or sequential), :mod:`.fleet_worker`, :mod:`.fleet_report`;
-- :mod:`.demo_bag` (a synthetic demo bag), :mod:`.demo_fleet` (tabletop-world bags with the expert's commands and
-  the world's language), :mod:`.replay` (the DDS bag replayer with /clock, needs rclpy);
+- :mod:`.demo_bag` (a synthetic demo bag; the toy world's bags are :mod:`oxygen_ros.toy.demo_fleet`), :mod:`.replay`
+  (the DDS bag replayer with /clock, needs rclpy);
 - :mod:`.cli`: the command lines (``python -m oxygen_ros.evaluation``, ``oxygen_ros.tools.*`` call it).
 
 Names are loaded on first use, so importing one module (the replayer, say) does not load torch and the model.
@@ -18,9 +18,9 @@ Names are loaded on first use, so importing one module (the replayer, say) does 
 from oxygen_ros._lazy import lazy_exports
 
 _EXPORTS = {"evaluate_bag": "run", "REPORT_KEYS": "report", "PLOT_FILES": "plots", "write_plots": "plots",
-            "make_demo_bag": "demo_bag", "make_demo_fleet": "demo_fleet", "evaluate_fleet": "fleet",
+            "make_demo_bag": "demo_bag", "evaluate_fleet": "fleet",
             "ScoringOptions": "reference", "ReplayTiming": "timing"}
 
 __all__ = ["PLOT_FILES", "REPORT_KEYS", "ReplayTiming", "ScoringOptions", "evaluate_bag", "evaluate_fleet",
-           "make_demo_bag", "make_demo_fleet", "write_plots"]
+           "make_demo_bag", "write_plots"]
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -1,5 +1,5 @@
-"""A deterministic rosbag2 of the synthetic demo scene (:mod:`oxygen_ros.world.synthetic`): cameras, joint states
-and the instruction, written with rosbags (``oxygen-make-demo-bag``).
+"""A deterministic rosbag2 of the synthetic demo scene (:mod:`oxygen_ros.testing.synthetic_scene`): cameras, joint
+states and the instruction, written with rosbags (``oxygen-make-demo-bag``).
 
 Topics: one ``sensor_msgs/Image`` (rgb8) per camera per tick on ``camera_topic_fmt`` (or
 ``sensor_msgs/CompressedImage`` jpeg on ``<topic>/compressed``), ``/joint_states`` (``sensor_msgs/JointState``)
@@ -19,7 +19,7 @@ import numpy as np
 from rosbags.rosbag2 import Writer
 from tqdm import tqdm
 
-from oxygen_ros.world.synthetic import joint_state, render_scene
+from oxygen_ros.testing.synthetic_scene import joint_state, render_scene
 
 from .typestore import STORAGES, get_ros2_typestore
 

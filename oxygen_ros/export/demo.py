@@ -18,7 +18,7 @@ from rosbags.rosbag2 import Writer
 
 from oxygen_ros.evaluation.demo_bag import DEFAULT_CAMERAS, DEFAULT_JOINT_NAMES, START_TIME_NS, _header, _image
 from oxygen_ros.evaluation.typestore import ACTION_TYPE, LANGUAGE_TYPE, STORAGES, oxygen_typestore
-from oxygen_ros.world.synthetic import joint_state, render_scene
+from oxygen_ros.testing.synthetic_scene import joint_state, render_scene
 
 from .ask import ask_topics, event_msgdef, register_ask_types
 

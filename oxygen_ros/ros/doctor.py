@@ -255,7 +255,7 @@ def check_model(params: dict[str, Any]) -> list[Check]:
     if model == "random_tiny":
         return [Check("model", OK, "random_tiny: generated at configure (no files)")]
     if model == "toy":
-        from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
+        from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR, toy_model_available
 
         if toy_model_available():
             return [Check("model", OK, f"toy: embedded in the package ({TOY_MODEL_DIR})")]

@@ -20,7 +20,6 @@ from oxygen_ros.engine.lora import LoraAdapter
 from oxygen_ros.engine.observation import Observation
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.engine.rtc import RTCConfig
-from oxygen_ros.models import TOY_MODEL_DIR, toy_model_available
 from oxygen_ros.policy import Policy, SpecOptions, load_policy
 from oxygen_ros.policy.configure import engine_config as shared_engine_config
 from oxygen_ros.policy.configure import language_schedules
@@ -28,6 +27,7 @@ from oxygen_ros.policy.device import resolve_device, resolve_precision
 from oxygen_ros.policy.policy import with_action_dims
 from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 from oxygen_ros.policy.runner import FrameRunner, seeded_noise
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR, toy_model_available
 
 from .params import NodeParams
 
@@ -86,7 +86,7 @@ def _checkpoint_dir(p: NodeParams) -> tuple[Path, str, Path | None]:
                              "loaded instead); set model:='' to load checkpoint_path")
         if not toy_model_available():
             raise FileNotFoundError(f"model: toy needs the trained files in {TOY_MODEL_DIR} (python -m "
-                                    f"oxygen_ros.train.train --out {TOY_MODEL_DIR})")
+                                    f"oxygen_ros.toy.train.train --out {TOY_MODEL_DIR})")
         return TOY_MODEL_DIR, f"toy ({TOY_MODEL_DIR})", None
     ckpt = Path(p.checkpoint_path).expanduser()
     if not ckpt.exists():

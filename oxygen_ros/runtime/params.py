@@ -61,7 +61,7 @@ class NodeParams:
     autostart: bool = robot_param('autostart')
     model: str = param('',
         "'' to load checkpoint_path; 'toy': the package's default model (pi0.5 trained on the tabletop world,"
-        " see oxygen_ros.sim); or 'random_tiny': generate a tiny random pi0.5 and tokenizer into a "
+        " see oxygen_ros.toy.sim); or 'random_tiny': generate a tiny random pi0.5 and tokenizer into a "
         'temporary directory (demos, tests).')
     checkpoint_path: str = shared('checkpoint_path')
     tokenizer_path: str = shared('tokenizer_path')

@@ -1,5 +1,5 @@
 """A helper node that drives a running oxygen node over real DDS (:class:`Probe`): it publishes the synthetic scene
-(:mod:`oxygen_ros.world.synthetic`: cameras, joint states, instruction) and records the node's action chunks,
+(:mod:`oxygen_ros.testing.synthetic_scene`: cameras, joint states, instruction) and records the node's action chunks,
 language outputs, trajectories and diagnostics. Used by the demo and the tests.
 """
 
@@ -27,7 +27,7 @@ from oxygen_ros.msg import ActionChunk, LanguageOutput
 from oxygen_ros.ros import qos
 from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
-from oxygen_ros.world.synthetic import joint_state, render_scene
+from oxygen_ros.testing.synthetic_scene import joint_state, render_scene
 
 __all__ = ["Probe", "Received", "chunk_array", "header_ns", "joint_state_msg", "wait_for"]
 

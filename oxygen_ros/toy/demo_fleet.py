@@ -1,4 +1,4 @@
-"""A demo fleet: rosbag2 recordings of the tabletop world (:mod:`oxygen_ros.world`) driven by its scripted expert,
+"""A demo fleet: rosbag2 recordings of the tabletop world (:mod:`oxygen_ros.toy.world`) driven by its scripted expert,
 with what the robot was commanded and what was going on in words, for scoring a policy offline
 (``oxygen-make-demo-bag OUT --scene tabletop --count 20``).
 
@@ -27,10 +27,9 @@ import numpy as np
 from rosbags.rosbag2 import Writer
 from tqdm import tqdm
 
-from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, expert_action, expert_subtask, narration_text
-
-from .demo_bag import INSTRUCTION_TOPIC, JOINT_STATES_TOPIC, START_TIME_NS, _header, _image
-from .typestore import LANGUAGE_TYPE, STORAGES, oxygen_typestore
+from oxygen_ros.evaluation.demo_bag import INSTRUCTION_TOPIC, JOINT_STATES_TOPIC, START_TIME_NS, _header, _image
+from oxygen_ros.evaluation.typestore import LANGUAGE_TYPE, STORAGES, oxygen_typestore
+from oxygen_ros.toy.world import CAMERAS, JOINT_NAMES, TabletopWorld, expert_action, expert_subtask, narration_text
 
 __all__ = ["COMMAND_TOPIC", "FIRST_SEED", "NARRATION_TOPIC", "SUBTASK_TOPIC", "make_demo_fleet", "make_tabletop_bag"]
 

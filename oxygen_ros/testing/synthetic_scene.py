@@ -6,7 +6,7 @@ cameras follow the gripper zoomed in (the right one upside down), other names ge
 name. Everything is a pure function of (t, camera, size, seed). :func:`joint_state` gives matching joint positions
 as plain floats (the ROS message is built by :class:`oxygen_ros.testing.Probe`).
 
-Unlike :class:`oxygen_ros.world.TabletopWorld` nothing here reacts to actions: it is a timing and plumbing stream
+Unlike :class:`oxygen_ros.toy.world.TabletopWorld` nothing here reacts to actions: it is a timing and plumbing stream
 (the synthetic demo scene, demo bags, node tests), not a task.
 """
 

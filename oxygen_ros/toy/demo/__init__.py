@@ -1,5 +1,5 @@
-"""The embedded demo over ROS 2 (``python -m oxygen_ros.demo``, ``make demo``): the oxygen node as a child process
-drives the tabletop simulator (:mod:`oxygen_ros.sim`) while a probe records and scores what it publishes.
+"""The embedded demo over ROS 2 (``python -m oxygen_ros.toy.demo``, ``make demo``): the oxygen node as a child process
+drives the tabletop simulator (:mod:`oxygen_ros.toy.sim`) while a probe records and scores what it publishes.
 :mod:`.run` (the loop, summary, ``main``), :mod:`.scenes` (tabletop / synthetic), :mod:`.config` (finding the
 presets in a checkout or an install; ROS-free). The names below load their module on first use.
 """

@@ -13,9 +13,9 @@ from rclpy.action import ActionClient
 
 from oxygen_ros.action import Ask
 from oxygen_ros.ros.stamps import stamp_to_ns
-from oxygen_ros.sim.node import TabletopSimNode
 from oxygen_ros.testing.probe import Probe
-from oxygen_ros.world import sample_questions
+from oxygen_ros.toy.sim.node import TabletopSimNode
+from oxygen_ros.toy.world import sample_questions
 
 __all__ = ["Answer", "QuestionAsker"]
 

@@ -21,7 +21,7 @@ from oxygen_ros.engine.tokenizer import PromptTokenizer
 from oxygen_ros.policy.images import pixels_to_model
 from oxygen_ros.policy.normalize import normalize, unnormalize
 from oxygen_ros.policy.spec import FeatureNorm
-from oxygen_ros.world.tabletop import CAMERAS, WorldObservation
+from oxygen_ros.toy.world.tabletop import CAMERAS, WorldObservation
 
 __all__ = ["DELTA_MASK", "NORM_STATS_NAME", "NormStats", "episode_noise", "images_to_model", "prompt_batch",
            "to_model_observation"]

@@ -1,5 +1,5 @@
 """The tabletop simulator as a ROS 2 node, the robot of the closed-loop demo: :mod:`.node` (the node and ``main``;
-``python -m oxygen_ros.sim``, ``ros2 run oxygen_ros tabletop_sim``), :mod:`.chunks` (when each action of a chunk is
+``python -m oxygen_ros.toy.sim``, ``ros2 run oxygen_ros tabletop_sim``), :mod:`.chunks` (when each action of a chunk is
 due, chunk validation), :mod:`.setpoints` (the setpoint-stream input, e.g. from the chunk executor) and
 :mod:`.scoring` (episode records, counters, the language truth of every observation).
 

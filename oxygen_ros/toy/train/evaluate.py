@@ -1,7 +1,7 @@
 """Closed-loop evaluation of a trained model in the tabletop world, driven by the inference engine.
 
-    python -m oxygen_ros.train.evaluate --model oxygen_ros/models/toy --episodes 100 --mode oxygen [--out runs/eval_toy]
-        [--subtask off|on|both]
+    python -m oxygen_ros.toy.train.evaluate --model oxygen_ros/toy/model --episodes 100 --mode oxygen
+        [--out runs/eval_toy] [--subtask off|on|both]
 
 Every control frame: the world's raw observation -> the policy layer's frame runner (the checkpoint's own
 pre-processing, engine.step with the frame's language requests, post-processing to world units; the same runner the
@@ -9,7 +9,7 @@ ROS node and the bag evaluation use) -> the chunk's first ``--execute`` actions 
 ``n_action_steps``, 8 of the toy model's 16) are executed in the world, then the next frame replans. Each frame
 starts one request of every language task (:data:`LANGUAGE_TASKS`): "memory", "subtask" and "narration" streams of
 the runner and one question (task "answer", ``PromptTokenizer.tokenize_question``, drawn from
-:func:`oxygen_ros.world.sample_questions`) added to the frame's requests. Every finished text is scored by exact
+:func:`oxygen_ros.toy.world.sample_questions`) added to the frame's requests. Every finished text is scored by exact
 match against the world's truth at the frame its request started from.
 
 Subtask conditioning (``--subtask on``, staged inference): the latest finished subtask text (the one started last)
@@ -38,11 +38,11 @@ import torch
 from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import Policy, PreparedObservation, RawObservation, load_policy
 from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation, expert_subtask
-from oxygen_ros.world.language import narration_text, sample_questions
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
+from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation, expert_subtask
+from oxygen_ros.toy.world.language import narration_text, sample_questions
 
 from .filmstrip import FilmFrame, save_filmstrip
 from .policy import episode_noise

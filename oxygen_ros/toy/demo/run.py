@@ -3,15 +3,16 @@ the tabletop world) and drives the tabletop simulator node: the robot puts block
 memories are published and scored. A live table every second (tasks done, frames, action Hz, tokens/s, the last
 memory against the world's truth), then a final summary.
 
-    python -m oxygen_ros.demo                      # ~20 s, starts the node itself (the tabletop.yaml preset)
-    python -m oxygen_ros.demo --duration 60 --set k:=1
-    python -m oxygen_ros.demo --no-node            # simulate and watch a node started elsewhere (ros2 launch ...)
-    python -m oxygen_ros.demo --scene synthetic    # a tiny random model on a synthetic stream (timing only)
-    python -m oxygen_ros.demo --executor           # through the chunk executor: node -> executor -> simulator
+    python -m oxygen_ros.toy.demo                      # ~20 s, starts the node itself (the tabletop.yaml preset)
+    python -m oxygen_ros.toy.demo --duration 60 --set k:=1
+    python -m oxygen_ros.toy.demo --no-node            # simulate and watch a node started elsewhere (ros2 launch ...)
+    python -m oxygen_ros.toy.demo --scene synthetic    # a tiny random model on a synthetic stream (timing only)
+    python -m oxygen_ros.toy.demo --executor           # through the chunk executor: node -> executor -> simulator
 
 The node runs as a child process (``python -m oxygen_ros.ros``, its log in a temporary file); this process hosts
-the simulator node (:mod:`oxygen_ros.sim`; with ``--scene synthetic`` the scene of :mod:`oxygen_ros.world.synthetic`)
-and listens to the node's outputs over DDS. Presets are found by :func:`oxygen_ros.demo.config.find_config`.
+the simulator node (:mod:`oxygen_ros.toy.sim`; with ``--scene synthetic`` the scene of
+:mod:`oxygen_ros.testing.synthetic_scene`) and listens to the node's outputs over DDS. Presets are found by
+:func:`oxygen_ros.toy.demo.config.find_config`.
 
 With ``--executor`` (tabletop) the chunk executor runs as a third process (``python -m oxygen_ros.executor``, the
 same preset, ``command_rate_hz`` 100, JointState output on ``/oxygen_executor/command``): it turns the node's chunks
@@ -210,7 +211,7 @@ def run_demo(duration: float = 20.0, config: Path | None = None, overrides: dict
              max_duration: float | None = None) -> DemoSummary:
     """Run the demo for ``duration`` seconds and return the summary. ``scene``: "tabletop" (the simulator node, closed
     loop) or "synthetic" (a synthetic stream of ``image_size`` px at ``camera_rate_hz``); ``config`` defaults to the
-    scene's preset (:func:`~oxygen_ros.demo.config.find_config`). Tabletop: a question about the scene goes to the
+    scene's preset (:func:`~oxygen_ros.toy.demo.config.find_config`). Tabletop: a question about the scene goes to the
     node's ``~/ask`` action every ``ask_every_s`` seconds (0: none), its answer scored against the world.
     ``executor``: drive the simulator through the chunk executor process (tabletop only; module docstring).
     ``until``: after ``duration``, go on until it holds for the counts so far (``frames``, ``language_outputs`` and

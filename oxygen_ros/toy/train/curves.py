@@ -1,6 +1,6 @@
 """Training curves of a toy-model run (matplotlib PNG from ``train_log.json``).
 
-    python -m oxygen_ros.train.curves oxygen_ros/models/toy      # writes oxygen_ros/models/toy/train_curves.png
+    python -m oxygen_ros.toy.train.curves oxygen_ros/toy/model      # writes oxygen_ros/toy/model/train_curves.png
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ import torch
 from oxygen_ros.engine import Pi05Model
 from oxygen_ros.engine.config import GemmaConfig, Pi05Config, VisionConfig
 from oxygen_ros.engine.small_tokenizer import make_test_tokenizer
-from oxygen_ros.world.language import LANGUAGE_GRID, cell_text
-from oxygen_ros.world.render import COLORS
-from oxygen_ros.world.tabletop import CAMERAS, JOINT_NAMES
+from oxygen_ros.toy.world.language import LANGUAGE_GRID, cell_text
+from oxygen_ros.toy.world.render import COLORS
+from oxygen_ros.toy.world.tabletop import CAMERAS, JOINT_NAMES
 
 __all__ = ["ACTION_HORIZON", "N_ACTION_STEPS", "VOCAB_SIZE", "init_toy_model", "make_world_tokenizer", "sincos_2d",
            "toy_config", "world_sentences"]

@@ -1,9 +1,9 @@
 """Real-time chunking measured in closed loop: the toy model drives the tabletop world under inference delay.
 
-    python -m oxygen_ros.train.rtc_eval --episodes 40 --delays 0 1 2 3 4 [--out runs/rtc_closed_loop]
+    python -m oxygen_ros.toy.train.rtc_eval --episodes 40 --delays 0 1 2 3 4 [--out runs/rtc_closed_loop]
     oxygen-rtc-eval ...
 
-The world keeps executing the current chunk while the next one is computed (:class:`~oxygen_ros.world.delayed.
+The world keeps executing the current chunk while the next one is computed (:class:`~oxygen_ros.toy.world.delayed.
 DelayedExecutor`): a frame observes at world step t, its chunk takes over at t + d from its action d on, and the next
 frame observes at t + max(period, d), the node's cadence (the tabletop preset: 10 Hz control, 20 Hz actions, so
 ``period`` 2). Every frame goes through the node's :class:`~oxygen_ros.policy.runner.FrameRunner` with a simulated
@@ -39,12 +39,12 @@ import torch
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.engine.rtc import GUIDANCES, SCHEDULES, RTCConfig
-from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import Policy, RawObservation, load_policy
 from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 from oxygen_ros.policy.runner import FrameRunner
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation
-from oxygen_ros.world.delayed import DelayedExecutor
+from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
+from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation
+from oxygen_ros.toy.world.delayed import DelayedExecutor
 
 from .evaluate import EVAL_FIRST_SEED, actions_digest
 from .policy import episode_noise
@@ -58,7 +58,7 @@ STAMP_BASE_NS = 1_000_000_000  # world step 0's stamp (a stamp of 0 means "unsta
 @dataclass(frozen=True)
 class Strategy:
     """How consecutive chunks become motion: ``guidance`` real-time chunking's variant (None: none), ``blend`` how
-    the executor switches (:data:`~oxygen_ros.world.delayed.BLENDS`)."""
+    the executor switches (:data:`~oxygen_ros.toy.world.delayed.BLENDS`)."""
 
     name: str
     guidance: str | None = None

@@ -1,6 +1,6 @@
 """The tabletop simulator as a ROS 2 node: the robot the oxygen node drives in the closed-loop demo.
 
-    python -m oxygen_ros.sim [--ros-args -p seed:=1000000 -p step_rate_hz:=20.0]
+    python -m oxygen_ros.toy.sim [--ros-args -p seed:=1000000 -p step_rate_hz:=20.0]
 
 Topics (relative names, remappable; under a namespace they all move with it):
   out  cameras/<camera>/image_raw   sensor_msgs/Image rgb8, one per world camera, every step
@@ -50,7 +50,7 @@ from oxygen_ros.ros import qos
 from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.process import run_node
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
-from oxygen_ros.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
+from oxygen_ros.toy.world import CAMERAS, JOINT_NAMES, TabletopWorld, WorldConfig
 
 from .chunks import aligned_actions, chunk_problem
 from .scoring import SCORED_TASKS, EpisodeRecord, MemoryTruth, SimCounters, TaskScore, scene_truth

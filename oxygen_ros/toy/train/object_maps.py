@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from oxygen_ros.world import CAMERAS, TabletopWorld
-from oxygen_ros.world.render import COLORS
+from oxygen_ros.toy.world import CAMERAS, TabletopWorld
+from oxygen_ros.toy.world.render import COLORS
 
 __all__ = ["OBJECT_CLASSES", "object_map", "object_maps"]
 

@@ -10,8 +10,8 @@ from typing import Protocol
 
 from rclpy.parameter import Parameter
 
-from oxygen_ros.sim.node import TabletopSimNode
 from oxygen_ros.testing.probe import Probe
+from oxygen_ros.toy.sim.node import TabletopSimNode
 
 __all__ = ["INSTRUCTIONS", "Scene", "SyntheticScene", "TabletopScene", "clean_text"]
 
@@ -46,7 +46,7 @@ class Scene(Protocol):
         """The scene's (metric, value) rows of the live table."""
 
     def summary(self) -> dict[str, int]:
-        """The scene's fields of :class:`oxygen_ros.demo.run.DemoSummary`."""
+        """The scene's fields of :class:`oxygen_ros.toy.demo.run.DemoSummary`."""
 
     def close(self) -> None:
         """Stop publishing and release the scene's nodes."""
@@ -124,7 +124,7 @@ class TabletopScene:
 
 
 class SyntheticScene:
-    """The synthetic camera/state stream of :mod:`oxygen_ros.world.synthetic` (published by the probe) with
+    """The synthetic camera/state stream of :mod:`oxygen_ros.testing.synthetic_scene` (published by the probe) with
     changing instructions; a :class:`Scene`."""
 
     name = "synthetic"

@@ -2,7 +2,7 @@
 
 Each sample is one control step: both camera images, the joint state, the instruction, the expert's next action
 chunk from that state and the ground-truth texts (memory, subtask, narration, every question's answer; see
-:mod:`oxygen_ros.world.language`). The executed actions are the expert's with noise (and rare gripper slips), so the
+:mod:`oxygen_ros.toy.world.language`). The executed actions are the expert's with noise (and rare gripper slips), so the
 data covers the states a learned policy drifts into, always labelled by the clean expert.
 
 Batches condition the action prompt on a subtask for a fraction of the samples (``subtask_prob``): mostly the true
@@ -22,7 +22,15 @@ from tqdm import tqdm
 
 from oxygen_ros.engine import Observation
 from oxygen_ros.engine.tokenizer import PromptTokenizer
-from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig, answers, expert_chunk, expert_subtask, narration_text
+from oxygen_ros.toy.world import (
+    CAMERAS,
+    TabletopWorld,
+    WorldConfig,
+    answers,
+    expert_chunk,
+    expert_subtask,
+    narration_text,
+)
 
 from .object_maps import object_maps
 from .policy import NormStats, images_to_model, prompt_batch

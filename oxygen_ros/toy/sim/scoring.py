@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from oxygen_ros.world import TabletopWorld, answers, expert_subtask, narration_text
+from oxygen_ros.toy.world import TabletopWorld, answers, expert_subtask, narration_text
 
 __all__ = ["SCORED_TASKS", "EpisodeRecord", "MemoryTruth", "SimCounters", "TRUTH_HISTORY", "TaskScore",
            "scene_truth"]

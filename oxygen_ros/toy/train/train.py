@@ -1,6 +1,6 @@
 """Train the toy pi0.5 on expert demonstrations of the tabletop world (CPU, minutes).
 
-    python -m oxygen_ros.train.train --out oxygen_ros/models/toy [--episodes 2000 --steps 6000 --threads 2]
+    python -m oxygen_ros.toy.train.train --out oxygen_ros/toy/model [--episodes 2000 --steps 6000 --threads 2]
 
 Writes ``model.safetensors`` + ``config.json`` (the toy config), ``tokenizer.model``, ``norm_stats.json``,
 ``train_log.json`` and ``train_curves.png`` into ``--out``: the directory the engine, the evaluation and the ROS node
