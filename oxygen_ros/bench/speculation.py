@@ -25,7 +25,8 @@ import torch
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.models import TOY_MODEL_DIR
 from oxygen_ros.policy import RawObservation, load_policy
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner
 from oxygen_ros.train.policy import episode_noise
 from oxygen_ros.world import CAMERAS, TabletopWorld, WorldConfig
 
