@@ -33,3 +33,14 @@ def connect(node: Any, action_type: type, target: str, action: str, timeout_s: f
         print(f"no action server {target}/{action} (is the node active?)", file=sys.stderr)
         return None
     return client
+
+
+def send_goal(node: Any, client: Any, goal: Any, feedback: Any, timeout_s: float) -> Any:
+    """The handle of ``goal`` once its server accepted it (``feedback`` gets each feedback message); None when it
+    was rejected or no answer came in ``timeout_s``."""
+    import rclpy
+
+    sent = client.send_goal_async(goal, feedback_callback=feedback)
+    rclpy.spin_until_future_complete(node, sent, timeout_sec=timeout_s)
+    handle = sent.result()
+    return handle if handle is not None and handle.accepted else None

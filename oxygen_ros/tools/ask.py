@@ -30,7 +30,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from oxygen_ros.action import Ask
 
-    from .action_client import client_node, connect
+    from .action_client import client_node, connect, send_goal
 
     with client_node("oxygen_ask") as node:
         client = connect(node, Ask, args.node, "ask", args.timeout)
@@ -38,12 +38,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         goal = Ask.Goal(question=args.question, task=args.task, prompt=args.prompt,
                         max_new_tokens=max(args.max_new_tokens, 0))
-        sent = client.send_goal_async(goal, feedback_callback=lambda fb: print(
-            f"  [{fb.feedback.frames} frames, {fb.feedback.tokens} tokens] {fb.feedback.text}", flush=True))
         deadline = time.monotonic() + args.timeout
-        rclpy.spin_until_future_complete(node, sent, timeout_sec=args.timeout)
-        handle = sent.result()
-        if handle is None or not handle.accepted:
+        handle = send_goal(node, client, goal, lambda fb: print(
+            f"  [{fb.feedback.frames} frames, {fb.feedback.tokens} tokens] {fb.feedback.text}", flush=True),
+            args.timeout)
+        if handle is None:
             print("goal rejected (see the node's log: inactive, empty or too long, too many pending)", file=sys.stderr)
             return 1
         done = handle.get_result_async()

@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from oxygen_ros.action import RunTask
 
-    from .action_client import client_node, connect
+    from .action_client import client_node, connect, send_goal
 
     with client_node("oxygen_run") as node:
         handle = None
@@ -54,10 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     print(f"  {fb.elapsed_s:6.1f} s  {fb.frames:4d} frames  {fb.chunks:4d} chunks  {fb.gate}  "
                           f"subtask: {fb.subtask!r}  narration: {fb.narration!r}", flush=True)
 
-            sent = client.send_goal_async(goal, feedback_callback=show)
-            rclpy.spin_until_future_complete(node, sent, timeout_sec=args.server_timeout)
-            handle = sent.result()
-            if handle is None or not handle.accepted:
+            handle = send_goal(node, client, goal, show, args.server_timeout)
+            if handle is None:
                 print("goal not accepted (no response)", file=sys.stderr)
                 return 2
             done = handle.get_result_async()
