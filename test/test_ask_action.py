@@ -19,7 +19,8 @@ from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.requests import Frame, LanguageRequest
 from oxygen_ros.policy import Policy, RawObservation
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner, seeded_noise
 from oxygen_ros.testing.probe import wait_for
 
 REPO = Path(__file__).resolve().parents[1]

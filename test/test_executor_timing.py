@@ -79,7 +79,9 @@ def test_a_short_real_run_writes_its_report(tmp_path) -> None:
     assert run["node_exit_code"] == 0 and run["executor_exit_code"] == 0, run
     # what the report holds, not how fast this host is (the benchmark measures that): ticks, switches, the plot
     assert run["period"]["ticks"] > 20 and run["jumps"]["switches"] >= 1, run
-    assert run["period"]["mean_period_ms"] > 0 and run["period"]["error_ms"]["p99"] >= 0
+    period, errors = run["period"], run["period"]["error_ms"]
+    assert period["mean_period_ms"] >= 0.5 * period["period_ms"], period  # paced at the rate, never run free
+    assert errors["p50"] <= errors["p99"] <= errors["max"], errors
     assert int(run["node_rtc_remainders"]["rtc_remainders_executor"]) > 0, run
     assert (tmp_path / "setpoints.png").stat().st_size > 10_000 and "100hz_aggregate_executor" in \
         (tmp_path / "summary.md").read_text()

@@ -15,7 +15,8 @@ from conftest import random_policy
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import Policy, RawObservation
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner, seeded_noise
 
 REPO = Path(__file__).resolve().parents[1]
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")

@@ -22,17 +22,13 @@ from hypothesis import strategies as st
 from safetensors.numpy import load_file
 
 from oxygen_ros.policy.runner import seeded_noise
-from oxygen_ros.serve.lerobot_pickle import (
-    MAX_DEPTH,
-    PayloadError,
-    RemotePolicyConfig,
-    TimedAction,
-    TimedObservation,
-    dumps,
-    loads,
-)
-from oxygen_ros.serve.lerobot_proto import services_pb2, services_pb2_grpc
-from oxygen_ros.serve.lerobot_server import LeRobotServer
+from oxygen_ros.serve.lerobot_async import numpy_state, torch_state
+from oxygen_ros.serve.lerobot_async.payloads import PayloadError, RemotePolicyConfig, TimedAction, TimedObservation
+from oxygen_ros.serve.lerobot_async.pickler import dumps
+from oxygen_ros.serve.lerobot_async.proto import services_pb2
+from oxygen_ros.serve.lerobot_async.server import LeRobotServer
+from oxygen_ros.serve.lerobot_async.service import AsyncInferenceStub
+from oxygen_ros.serve.lerobot_async.unpickler import MAX_DEPTH, loads
 from oxygen_ros.serve.options import build_server, parse
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -90,12 +86,12 @@ def served() -> LeRobotServer:
 
 
 def stub_for(port: int, channel_options: list | None = None) -> tuple[grpc.Channel,
-                                                                     services_pb2_grpc.AsyncInferenceStub]:
+                                                                     AsyncInferenceStub]:
     """A channel of its own connection (gRPC shares one between a process's channels to the same target unless told
     not to; separate robot processes have separate connections anyway): one LeRobot client per channel."""
     options = [("grpc.use_local_subchannel_pool", 1), *(channel_options or [])]
     channel = grpc.insecure_channel(f"127.0.0.1:{port}", options=options)
-    return channel, services_pb2_grpc.AsyncInferenceStub(channel)
+    return channel, AsyncInferenceStub(channel)
 
 
 def chunks(data: bytes, states: list[int] | None = None) -> list:
@@ -116,7 +112,7 @@ def observation(step: int, seed: int, must_go: bool = True, cam_high: tuple[int,
     return TimedObservation(1000.0 + step / 30, step, raw, must_go)
 
 
-def setup(stub: services_pb2_grpc.AsyncInferenceStub, name: str = "checkpoint", apc: int = 10, **kw) -> None:
+def setup(stub: AsyncInferenceStub, name: str = "checkpoint", apc: int = 10, **kw) -> None:
     stub.Ready(services_pb2.Empty(), **kw)
     config = RemotePolicyConfig("pi05", name, FEATURES, apc, "cuda")
     stub.SendPolicyInstructions(services_pb2.PolicySetup(data=dumps(config)), **kw)
@@ -486,7 +482,6 @@ def test_the_unpickler_reads_lerobot_payload_forms() -> None:
     with pytest.raises(PayloadError, match="not on the allow-list"):
         loads(pickle.dumps(Path("/etc")))
     # BUILD on an allow-listed global (its class or function object) would set attributes for every later request
-    from oxygen_ros.serve import lerobot_pickle as lp
     for module, name in (("numpy", "ndarray"), ("torch._utils", "_rebuild_tensor_v2"), ("numpy", "dtype"),
                          ("lerobot.async_inference.helpers", "TimedObservation"), ("lerobot.configs.types",
                                                                                     "FeatureType")):
@@ -494,7 +489,8 @@ def test_the_unpickler_reads_lerobot_payload_forms() -> None:
         for state in (b"N}\x8c\x01xK\x01s\x86", b"N}\x8c\x0c__defaults__\x88\x85s\x86"):  # (None, slotstate)
             with pytest.raises(PayloadError):
                 loads(head + b"\x93" + state + b"b.")
-    assert lp._rebuild_tensor_v2.__defaults__ == (False, None, None) and not hasattr(lp._NDArrayClass, "x")
+    assert torch_state.rebuild_tensor_v2.__defaults__ == (False, None, None)
+    assert not hasattr(numpy_state.NDArrayClass, "x")
     # 12 bytes that make CPython's unpickler size its memo for 2^31 entries (16 GB, zeroed): refused before it runs
     with pytest.raises(PayloadError, match="memo index"):
         loads(b"\x80\x04N" + b"r" + (1 << 31).to_bytes(4, "little") + b".")
@@ -530,16 +526,16 @@ def test_tls_with_a_certificate(tmp_path: Path) -> None:
     with server as port:
         creds = grpc.ssl_channel_credentials(root_certificates=cert.read_bytes())
         with grpc.secure_channel(f"localhost:{port}", creds) as channel:
-            stub = services_pb2_grpc.AsyncInferenceStub(channel)
+            stub = AsyncInferenceStub(channel)
             setup(stub, metadata=(("authorization", "Api-Key k"),))
         with grpc.insecure_channel(f"localhost:{port}") as plain:  # plaintext to a TLS port: no connection
             with pytest.raises(grpc.RpcError) as e:
-                services_pb2_grpc.AsyncInferenceStub(plain).Ready(services_pb2.Empty(), timeout=5)
+                AsyncInferenceStub(plain).Ready(services_pb2.Empty(), timeout=5)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
         other = grpc.ssl_channel_credentials()  # the system's roots do not trust the self-signed certificate
         with grpc.secure_channel(f"localhost:{port}", other) as channel:
             with pytest.raises(grpc.RpcError) as e:
-                services_pb2_grpc.AsyncInferenceStub(channel).Ready(services_pb2.Empty(), timeout=5)
+                AsyncInferenceStub(channel).Ready(services_pb2.Empty(), timeout=5)
             assert e.value.code() == grpc.StatusCode.UNAVAILABLE
 
 

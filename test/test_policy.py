@@ -24,8 +24,9 @@ from oxygen_ros.policy import FeatureNorm, PolicyConfigError, RawObservation, Sp
 from oxygen_ros.policy.adapters import decode_state, encode_actions
 from oxygen_ros.policy.formats.lerobot import _relative_mask
 from oxygen_ros.policy.images import assemble_slots, image_to_model
+from oxygen_ros.policy.language import LanguageSchedule
 from oxygen_ros.policy.normalize import normalize, unnormalize
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner
 
 LEROBOT_DEV = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "lerobot_pi05_dev"
 needs_lerobot_dev = pytest.mark.skipif(not LEROBOT_DEV.is_dir(), reason=f"LeRobot reference fixture not present at "

@@ -105,7 +105,8 @@ def test_actions_equal_openpi_policy_infer(name: str) -> None:
             got = policy.infer({**obs, "noise": noise})  # openpi's own noise: openpi's own actions
             assert got["actions"].shape == want.shape and got["actions"].dtype == np.float64
             np.testing.assert_allclose(got["actions"], want, rtol=0, atol=1e-4)
-            assert set(got["server_timing"]) >= {"infer_ms"} and got["policy_timing"]["infer_ms"] > 0
+            # the frame (observation in -> chunk ready) lies within the server's request -> response
+            assert 0 < got["policy_timing"]["infer_ms"] <= got["server_timing"]["infer_ms"], got
         # the client's seeded noise (seed 5, its 4th request): Policy.infer with that noise
         obs = samples(name)[0][0]
         got = policy.infer(obs)

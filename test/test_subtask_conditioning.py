@@ -11,7 +11,8 @@ from conftest import random_policy
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import Policy, RawObservation
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule, seeded_noise
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner, seeded_noise
 
 CAMS = ("base_0_rgb", "left_wrist_0_rgb")
 SEC = 1_000_000_000

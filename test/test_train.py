@@ -200,7 +200,7 @@ def test_episode_noise_is_fixed() -> None:
 
 def test_evaluate_writes_json_and_filmstrip(trained: Path, tmp_path: Path) -> None:
     m = evaluate(trained, episodes=1, mode="oxygen", max_new_tokens=4, out=tmp_path, progress=False)
-    assert 0.0 <= m["success_rate"] <= 1.0 and m["memory_requests"] > 0
+    assert m["success_rate"] in (0.0, 1.0) and m["memory_requests"] > 0  # one episode: it succeeded or not
     assert m["actions_per_s"] > 0 and m["language_tokens_per_s"] > 0
     assert (tmp_path / "eval_oxygen.json").exists() and (tmp_path / "filmstrip_oxygen.png").stat().st_size > 1000
 

@@ -3,7 +3,7 @@
 
     python -m oxygen_ros.bench.lerobot_rtc_loop --episodes 20 --delays 1 2 3 [--out runs/lerobot_async_rtc]
 
-The server is the real gRPC server (:class:`~oxygen_ros.serve.lerobot_server.LeRobotServer` on 127.0.0.1, the
+The server is the real gRPC server (:class:`~oxygen_ros.serve.lerobot_async.server.LeRobotServer` on 127.0.0.1, the
 embedded toy checkpoint); the client speaks LeRobot's protocol over a real channel as ``RobotClient`` does:
 ``Ready`` + ``SendPolicyInstructions`` per episode, then per frame a pickled ``TimedObservation`` (motor values by
 name, camera images, ``task``; ``timestep`` = the world step it was taken at, ``must_go``) in chunks and
@@ -36,9 +36,12 @@ import torch
 from oxygen_ros.policy import load_policy
 from oxygen_ros.policy.rtc import RTCSchedule
 from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
-from oxygen_ros.serve.lerobot_pickle import RemotePolicyConfig, TimedAction, TimedObservation, dumps, loads
-from oxygen_ros.serve.lerobot_proto import services_pb2, services_pb2_grpc
-from oxygen_ros.serve.lerobot_server import LeRobotServer
+from oxygen_ros.serve.lerobot_async.payloads import RemotePolicyConfig, TimedAction, TimedObservation
+from oxygen_ros.serve.lerobot_async.pickler import dumps
+from oxygen_ros.serve.lerobot_async.proto import services_pb2
+from oxygen_ros.serve.lerobot_async.server import LeRobotServer
+from oxygen_ros.serve.lerobot_async.service import AsyncInferenceStub
+from oxygen_ros.serve.lerobot_async.unpickler import loads
 from oxygen_ros.serve.options import build_server, parse
 from oxygen_ros.toy.train.evaluate import EVAL_FIRST_SEED
 from oxygen_ros.toy.train.policy import episode_noise
@@ -72,7 +75,7 @@ class _Loop:
         self.server.noise_for = lambda _client, _step: episode_noise(self.seed, self.frame, h, a).numpy()
         self.port = self.server.start()
         self.channel = grpc.insecure_channel(f"127.0.0.1:{self.port}")
-        self.stub = services_pb2_grpc.AsyncInferenceStub(self.channel)
+        self.stub = AsyncInferenceStub(self.channel)
         features = {"observation.state": {"dtype": "float32", "shape": (len(JOINT_NAMES),),
                                           "names": list(JOINT_NAMES)}}
         features |= {f"observation.images.{c}": {"dtype": "image", "shape": (0, 0, 3)} for c in CAMERAS}

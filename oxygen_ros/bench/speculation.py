@@ -24,7 +24,8 @@ import torch
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import RawObservation, load_policy
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner
 from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
 from oxygen_ros.toy.train.policy import episode_noise
 from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig

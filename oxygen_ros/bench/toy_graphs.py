@@ -25,7 +25,8 @@ from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import RawObservation, load_policy
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner
 from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
 from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig
 

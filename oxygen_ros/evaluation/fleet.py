@@ -28,6 +28,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from oxygen_ros.util.ray_pool import pool_results, ray_session
+
 from .fleet_report import build_fleet_report, write_fleet_outputs
 from .fleet_worker import FleetWorker, run_key
 from .reference import ScoringOptions
@@ -96,19 +98,8 @@ def _sequential(bags: Sequence[Path], worker_args: tuple) -> Iterator[dict[str, 
 def _ray(bags: Sequence[Path], worker_args: tuple, workers: int | None, address: str | None,
          cpus_per_worker: float, gpus_per_worker: float | None, info: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Results from one Ray actor per worker; a bag whose actor died gets a failed result."""
-    import ray
-    from ray.exceptions import RayError
-    from ray.util import ActorPool
-
     t0 = time.perf_counter()
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=True)
-        else:
-            ray.init(include_dashboard=False, object_store_memory=_OBJECT_STORE_BYTES)
-    actors: list[Any] = []
-    try:
+    with ray_session(address, _OBJECT_STORE_BYTES) as ray:
         resources = ray.cluster_resources()
         gpus = float(resources.get("GPU", 0))
         device = str(worker_args[0].get("device", "auto"))
@@ -125,28 +116,9 @@ def _ray(bags: Sequence[Path], worker_args: tuple, workers: int | None, address:
                     gpus_per_worker=gpus_per_worker, ray_address=address or "local",
                     cluster={k: v for k, v in resources.items() if k in ("CPU", "GPU", "memory")},
                     ray_init_s=time.perf_counter() - t0)
-        pool = ActorPool(actors)
-        for bag in bags:
-            pool.submit(lambda a, b: a.evaluate.remote(b), str(bag))
-        returned: set[str] = set()
-        errors: list[str] = []
-        while pool.has_next():
-            try:
-                result = pool.get_next_unordered()
-            except RayError as e:  # the actor died (crash, out of memory): its bag is reported below
-                errors.append(f"{type(e).__name__}: {e}".splitlines()[0])
-                continue
-            returned.add(result["bag"])
-            yield result
-        for bag in bags:
-            if str(bag) not in returned:
-                yield {"bag": str(bag), "status": "failed", "digest": None, "key": None, "worker": None,
-                       "wall_s": None, "reason": f"worker died: {errors[-1] if errors else 'unknown'}"}
-    finally:
-        for a in actors:
-            ray.kill(a)
-        if started:
-            ray.shutdown()
+        yield from pool_results(actors, [(str(bag), str(bag)) for bag in bags], lambda a, b: a.evaluate.remote(b),
+                                lambda bag, error: {"bag": bag, "status": "failed", "digest": None, "key": None,
+                                                    "worker": None, "wall_s": None, "reason": f"worker died: {error}"})
 
 
 def _row_names(bags: Sequence[Path]) -> list[str]:

@@ -18,6 +18,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from oxygen_ros.util.ray_pool import pool_results, ray_session
+
 from .contract import Contract
 from .episode import Episode, bag_parts
 from .worker import ExportWorker
@@ -37,43 +39,18 @@ def _sequential(bags: Sequence[Path], contract: Contract, staging: Path) -> Iter
 
 def _ray(bags: Sequence[Path], contract: Contract, staging: Path, workers: int | None,
          address: str | None) -> Iterator[dict[str, Any]]:
-    import ray
-    from ray.exceptions import RayError
-    from ray.util import ActorPool
-
-    started = not ray.is_initialized()
-    if started:
-        if address:
-            ray.init(address=address, log_to_driver=True)
-        else:
-            ray.init(include_dashboard=False, object_store_memory=_OBJECT_STORE_BYTES)
-    actors: list[Any] = []
-    try:
+    with ray_session(address, _OBJECT_STORE_BYTES) as ray:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         n = max(1, min(workers or cpus, len(bags)))
         actor = ray.remote(ExportWorker).options(num_cpus=1, max_restarts=0)
         actors = [actor.remote(contract, str(staging)) for _ in range(n)]
-        pool = ActorPool(actors)
-        for i, bag in enumerate(bags):
-            pool.submit(lambda a, v: a.export.remote(*v), (str(bag), i))
-        returned: set[str] = set()
-        while pool.has_next():
-            try:
-                result = pool.get_next_unordered()
-            except RayError as exc:
-                logger.error("an export worker died: %s", str(exc).splitlines()[0])
-                continue
-            returned.add(result["bag"])
-            yield result
-        for bag in bags:
-            if str(bag) not in returned:
-                yield {"bag": str(bag), "status": "failed", "reason": "worker died", "episodes": [],
-                       "failed_episodes": []}
-    finally:
-        for a in actors:
-            ray.kill(a)
-        if started:
-            ray.shutdown()
+        yield from pool_results(actors, [(str(bag), (str(bag), i)) for i, bag in enumerate(bags)],
+                                lambda a, v: a.export.remote(*v), _worker_died)
+
+
+def _worker_died(bag: str, error: str) -> dict[str, Any]:
+    logger.error("an export worker died (%s): %s", bag, error)
+    return {"bag": bag, "status": "failed", "reason": "worker died", "episodes": [], "failed_episodes": []}
 
 
 def export_bags(bags: Sequence[str | Path], contract: Contract, out: Path | str, *, use_ray: bool | None = False,

@@ -7,6 +7,8 @@ the state going in and on the actions coming out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 __all__ = ["ADAPTERS", "decode_actions", "decode_state", "encode_actions"]
@@ -37,38 +39,45 @@ def _gripper_from_angular(value: np.ndarray) -> np.ndarray:
 
 def decode_state(state: np.ndarray, adapter: str) -> np.ndarray:
     """Robot state -> the checkpoint's state space."""
-    if adapter == "none":
-        return state
-    if adapter == "aloha":
-        _check(state.shape[-1])
-        state = _FLIP * state
-        state[..., _GRIPPERS] = _gripper_to_angular(state[..., _GRIPPERS])
-        return state
-    raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
+    return _convert(state, adapter, _aloha_state_to_pi)
 
 
 def encode_actions(actions: np.ndarray, adapter: str) -> np.ndarray:
     """Actions [H, D] in the checkpoint's space -> the robot's."""
-    if adapter == "none":
-        return actions
-    if adapter == "aloha":
-        _check(actions.shape[-1])
-        actions = _FLIP * actions
-        actions[..., _GRIPPERS] = _gripper_from_angular(actions[..., _GRIPPERS])
-        return actions
-    raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
+    return _convert(actions, adapter, _aloha_actions_from_pi)
 
 
 def decode_actions(actions: np.ndarray, adapter: str) -> np.ndarray:
     """Actions [T, D] in the robot's space -> the checkpoint's (the inverse of :func:`encode_actions`)."""
+    return _convert(actions, adapter, _aloha_actions_to_pi)
+
+
+def _convert(x: np.ndarray, adapter: str, aloha: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+    """``x`` unchanged (``none``) or through ``aloha`` (``aloha``: 14 dims checked first)."""
     if adapter == "none":
-        return actions
+        return x
     if adapter == "aloha":
-        _check(actions.shape[-1])
-        actions = np.array(actions, dtype=np.float64)
-        actions[..., _GRIPPERS] = _unnormalize(actions[..., _GRIPPERS], -0.6213, 1.4910) - 0.5476
-        return _FLIP * actions
+        _check(x.shape[-1])
+        return aloha(x)
     raise ValueError(f"unknown robot adapter {adapter!r}; known: {ADAPTERS}")
+
+
+def _aloha_state_to_pi(state: np.ndarray) -> np.ndarray:
+    state = _FLIP * state
+    state[..., _GRIPPERS] = _gripper_to_angular(state[..., _GRIPPERS])
+    return state
+
+
+def _aloha_actions_from_pi(actions: np.ndarray) -> np.ndarray:
+    actions = _FLIP * actions
+    actions[..., _GRIPPERS] = _gripper_from_angular(actions[..., _GRIPPERS])
+    return actions
+
+
+def _aloha_actions_to_pi(actions: np.ndarray) -> np.ndarray:
+    actions = np.array(actions, dtype=np.float64)
+    actions[..., _GRIPPERS] = _unnormalize(actions[..., _GRIPPERS], -0.6213, 1.4910) - 0.5476
+    return _FLIP * actions
 
 
 def _check(dim: int) -> None:

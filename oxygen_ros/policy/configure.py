@@ -12,8 +12,8 @@ from typing import Any
 from oxygen_ros.engine.engine import EngineConfig
 from oxygen_ros.engine.rtc import RTCConfig
 
+from .language import LanguageSchedule
 from .options import StreamParams
-from .runner import LanguageSchedule
 
 __all__ = ["engine_config", "language_schedules"]
 

@@ -19,7 +19,7 @@ from oxygen_ros.engine.observation import PREFILL_LAYOUTS
 from oxygen_ros.engine.tokenizer import CUSTOM_TASK, LANGUAGE_TEMPLATES
 from oxygen_ros.params import param
 
-from .runner import TRIGGERS
+from .language import TRIGGERS
 
 __all__ = ["DTYPES", "NORMALIZATIONS", "REQUEST_TASKS", "RunnerParams", "StreamParams", "param", "shared"]
 

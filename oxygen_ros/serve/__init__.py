@@ -1,6 +1,6 @@
 """``oxygen-serve``: the policy layer's frame runner behind openpi's websocket policy protocol, or LeRobot's
-async-inference gRPC service (``--protocol lerobot``: :mod:`.lerobot_server`, payloads read by the allow-list
-unpickler :mod:`.lerobot_pickle`), both on one serving core (:class:`SessionPool`, :class:`~.batching.Batcher`).
+async-inference gRPC service (``--protocol lerobot``: :mod:`.lerobot_async`, payloads read by its allow-list
+unpickler), both on one serving core (:class:`SessionPool`, :class:`~.batching.Batcher`).
 
 Any ``openpi_client.WebsocketClientPolicy`` (openpi's LIBERO, DROID and ALOHA examples, evaluation harnesses) runs
 against it unchanged; several clients are batched into one prefill and denoise, and a response may carry language

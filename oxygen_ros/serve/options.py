@@ -34,7 +34,8 @@ from oxygen_ros.policy.options import REQUEST_TASKS, RunnerParams, StreamParams
 from oxygen_ros.policy.rtc import PAPER_RTC, RTCSchedule
 
 from .keys import KEY_MAPS, key_map_for
-from .lerobot_server import LeRobotServer, Limits
+from .lerobot_async.server import LeRobotServer
+from .lerobot_async.transfer import Limits
 from .server import PolicyServer
 from .sessions import QuestionConfig, SessionPool
 

@@ -22,8 +22,9 @@ import torch
 from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
 from oxygen_ros.policy import Policy, RawObservation
+from oxygen_ros.policy.language import LanguageSchedule, StreamTag
 from oxygen_ros.policy.rtc import RTCSchedule
-from oxygen_ros.policy.runner import FrameOutput, FrameRunner, LanguageSchedule, StreamTag, seeded_noise, step_batch
+from oxygen_ros.policy.runner import FrameOutput, FrameRunner, seeded_noise, step_batch
 
 from .keys import KeyMap, ObservationError
 

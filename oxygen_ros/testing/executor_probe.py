@@ -6,18 +6,13 @@ diagnostics. Used by the tests and the benchmarks.
 from __future__ import annotations
 
 import array
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.context import Context
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.node import Node
 from rosgraph_msgs.msg import Clock
 from sensor_msgs.msg import JointState
 from std_msgs.msg import Bool, Float64MultiArray, String
@@ -28,6 +23,7 @@ from oxygen_ros.ros import qos
 from oxygen_ros.ros.stamps import duration_msg, time_msg
 
 from .probe import joint_state_msg, wait_for
+from .spun_node import SpunNode
 
 __all__ = ["OUTPUT_TYPES", "ExecutorProbe", "make_chunk"]
 
@@ -46,16 +42,15 @@ def make_chunk(actions: np.ndarray, stamp_ns: int, dt_s: float, names: Sequence[
     return msg
 
 
-class ExecutorProbe:
+class ExecutorProbe(SpunNode):
     """Publishes to an executor (``chunk_topic``, ``joint_states``, ``halt_topic``, ``robot_description``) and
     records its output (``output_topic`` of type ``output``), ``<executor>/executed`` and its diagnostics."""
 
     def __init__(self, domain_id: int, output: str = "joint_state", output_topic: str = "/oxygen_executor/command",
                  executor: str = "/oxygen_executor", chunk_topic: str = "/oxygen/action_chunk",
                  halt_topic: str = "/oxygen/halt", name: str = "executor_probe") -> None:
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=domain_id)
-        self.node = n = Node(name, context=self.context)
+        super().__init__(name, domain_id)
+        n = self.node
         self._lock = threading.Lock()
         self._arrived = threading.Condition(self._lock)  # notified on every recorded message
         self.outputs: list[tuple[float, Any]] = []
@@ -72,30 +67,14 @@ class ExecutorProbe:
         n.create_subscription(ExecutedPlan, f"{executor}/executed", self._record(self.executed), keep_all)
         self._diag_name = f"{executor.rsplit('/', 1)[-1]}: executor"
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(n)
-        self._spin = threading.Thread(target=self._run, daemon=True, name="executor-probe")
-        self._spin.start()
+        self.start_spinning("executor-probe")
         self._joint_timer = None
         self._clock_pub = None
         self._clock_timer = None
         self.sim_ns = 0
 
-    def _run(self) -> None:
-        with contextlib.suppress(Exception):
-            self.executor.spin()
-
-    def close(self) -> None:
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
-        self._spin.join(timeout=2.0)
-
     def __enter__(self) -> ExecutorProbe:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _record(self, into: list) -> Callable[[Any], None]:
         def callback(msg: Any) -> None:

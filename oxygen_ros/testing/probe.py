@@ -5,7 +5,6 @@ language outputs, trajectories and diagnostics. Used by the demo and the tests.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -14,11 +13,7 @@ from typing import Any
 
 import cv2
 import numpy as np
-import rclpy
 from diagnostic_msgs.msg import DiagnosticArray
-from rclpy.context import Context
-from rclpy.executors import SingleThreadedExecutor
-from rclpy.node import Node
 from sensor_msgs.msg import CompressedImage, Image, JointState
 from std_msgs.msg import String
 from trajectory_msgs.msg import JointTrajectory
@@ -28,6 +23,8 @@ from oxygen_ros.ros import qos
 from oxygen_ros.ros.image_conversion import array_to_image_msg
 from oxygen_ros.ros.stamps import stamp_to_ns, time_msg
 from oxygen_ros.testing.synthetic_scene import joint_state, render_scene
+
+from .spun_node import SpunNode
 
 __all__ = ["Probe", "Received", "chunk_array", "header_ns", "joint_state_msg", "wait_for"]
 
@@ -62,7 +59,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, poll: float = 0.05) 
     return bool(predicate())
 
 
-class Probe:
+class Probe(SpunNode):
     """A helper node: publishes the synthetic scene (cameras, joint states, instruction) and records the
     oxygen node's action chunks, language outputs, trajectories and diagnostics.
 
@@ -86,9 +83,7 @@ class Probe:
         self.compressed = set(compressed)
         self.joint_names = list(joint_names)
         self.image_size = image_size
-        self.context = Context()
-        rclpy.init(context=self.context, domain_id=domain_id)
-        self.node = Node(name, context=self.context)
+        super().__init__(name, domain_id)
         self.received = Received()
         self._lock = threading.Lock()
         cam_qos = qos.camera(best_effort)
@@ -104,34 +99,20 @@ class Probe:
                               self._record("trajectories"), 100)
         self._diag_name = f"{node.rsplit('/', 1)[-1]}: inference"
         n.create_subscription(DiagnosticArray, "/diagnostics", self._on_diagnostics, 10)
-        self.executor = SingleThreadedExecutor(context=self.context)
-        self.executor.add_node(n)
-        self._spin_thread = threading.Thread(target=self._spin, daemon=True, name="probe-spin")
-        self._spin_thread.start()
+        self.start_spinning("probe-spin")
         self._stream_timer = None
         self._stream_cameras: set[str] | None = None
         self.stream_joints: list[str] | None = None  # joints each frame publishes (None = all, [] = none)
         self._t0 = time.monotonic()
         self.sent_stamps: list[int] = []
 
-    # ------------------------------------------------------------------------------------------ spinning
-    def _spin(self) -> None:
-        with contextlib.suppress(Exception):  # the context was shut down
-            self.executor.spin()
-
     def close(self) -> None:
         """Stop the stream, the executor and the node; shut the probe's context down."""
         self.stop_stream()
-        self.executor.shutdown(timeout_sec=2.0)
-        self.node.destroy_node()
-        rclpy.try_shutdown(context=self.context)
-        self._spin_thread.join(timeout=2.0)
+        super().close()
 
     def __enter__(self) -> Probe:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ------------------------------------------------------------------------------------------ recording
     def _record(self, what: str) -> Callable[[Any], None]:

@@ -27,25 +27,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import rclpy
-    from rclpy.action import ActionClient
 
     from oxygen_ros.action import Ask
 
-    rclpy.init()
-    node = rclpy.create_node("oxygen_ask")
-    try:
-        client = ActionClient(node, Ask, f"{args.node.rstrip('/')}/ask")
-        if not client.wait_for_server(timeout_sec=args.timeout):
-            print(f"no action server {args.node}/ask (is the node active?)", file=sys.stderr)
+    from .action_client import client_node, connect, send_goal
+
+    with client_node("oxygen_ask") as node:
+        client = connect(node, Ask, args.node, "ask", args.timeout)
+        if client is None:
             return 2
         goal = Ask.Goal(question=args.question, task=args.task, prompt=args.prompt,
                         max_new_tokens=max(args.max_new_tokens, 0))
-        sent = client.send_goal_async(goal, feedback_callback=lambda fb: print(
-            f"  [{fb.feedback.frames} frames, {fb.feedback.tokens} tokens] {fb.feedback.text}", flush=True))
         deadline = time.monotonic() + args.timeout
-        rclpy.spin_until_future_complete(node, sent, timeout_sec=args.timeout)
-        handle = sent.result()
-        if handle is None or not handle.accepted:
+        handle = send_goal(node, client, goal, lambda fb: print(
+            f"  [{fb.feedback.frames} frames, {fb.feedback.tokens} tokens] {fb.feedback.text}", flush=True),
+            args.timeout)
+        if handle is None:
             print("goal rejected (see the node's log: inactive, empty or too long, too many pending)", file=sys.stderr)
             return 1
         done = handle.get_result_async()
@@ -62,9 +59,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{result.text}\n(observation {stamp.sec}.{stamp.nanosec:09d}, {result.latency_frames} frames, "
               f"{1e3 * result.latency_s:.0f} ms, request {result.request_id})")
         return 0
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
 
 
 if __name__ == "__main__":

@@ -34,51 +34,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     import rclpy
-    from rclpy.action import ActionClient
 
     from oxygen_ros.action import RunTask
 
-    rclpy.init()
-    node = rclpy.create_node("oxygen_run")
-    handle = None
-    try:
-        client = ActionClient(node, RunTask, f"{args.node.rstrip('/')}/run")
-        if not client.wait_for_server(timeout_sec=args.server_timeout):
-            print(f"no action server {args.node}/run (is the node active?)", file=sys.stderr)
-            return 2
-        goal = RunTask.Goal(instruction=args.instruction, timeout_s=args.timeout, success=args.success,
-                            stream=args.stream, pattern=args.pattern, on_end=args.on_end)
+    from .action_client import client_node, connect, send_goal
 
-        def show(msg) -> None:
-            fb = msg.feedback
-            if fb.frames % max(args.every, 1) == 0:
-                print(f"  {fb.elapsed_s:6.1f} s  {fb.frames:4d} frames  {fb.chunks:4d} chunks  {fb.gate}  "
-                      f"subtask: {fb.subtask!r}  narration: {fb.narration!r}", flush=True)
+    with client_node("oxygen_run") as node:
+        handle = None
+        try:
+            client = connect(node, RunTask, args.node, "run", args.server_timeout)
+            if client is None:
+                return 2
+            goal = RunTask.Goal(instruction=args.instruction, timeout_s=args.timeout, success=args.success,
+                                stream=args.stream, pattern=args.pattern, on_end=args.on_end)
 
-        sent = client.send_goal_async(goal, feedback_callback=show)
-        rclpy.spin_until_future_complete(node, sent, timeout_sec=args.server_timeout)
-        handle = sent.result()
-        if handle is None or not handle.accepted:
-            print("goal not accepted (no response)", file=sys.stderr)
-            return 2
-        done = handle.get_result_async()
-        while not done.done():  # no time limit here: the goal's own timeout_s bounds it
-            rclpy.spin_once(node, timeout_sec=0.1)
-        result = done.result().result
-        print(f"{result.outcome}: {result.reason}\n({result.frames} frames, {result.chunks} chunks, "
-              f"{result.elapsed_s:.1f} s; last subtask {result.last_subtask!r}, memory {result.last_memory!r})")
-        return EXIT_CODES.get(result.outcome, 1)
-    except KeyboardInterrupt:
-        if handle is not None and rclpy.ok():
-            cancel = handle.cancel_goal_async()
-            end = time.monotonic() + 5.0
-            while not cancel.done() and time.monotonic() < end:
+            def show(msg) -> None:
+                fb = msg.feedback
+                if fb.frames % max(args.every, 1) == 0:
+                    print(f"  {fb.elapsed_s:6.1f} s  {fb.frames:4d} frames  {fb.chunks:4d} chunks  {fb.gate}  "
+                          f"subtask: {fb.subtask!r}  narration: {fb.narration!r}", flush=True)
+
+            handle = send_goal(node, client, goal, show, args.server_timeout)
+            if handle is None:
+                print("goal not accepted (no response)", file=sys.stderr)
+                return 2
+            done = handle.get_result_async()
+            while not done.done():  # no time limit here: the goal's own timeout_s bounds it
                 rclpy.spin_once(node, timeout_sec=0.1)
-            print("canceled: the node holds", file=sys.stderr)
-        return EXIT_CODES["canceled"]
-    finally:
-        node.destroy_node()
-        rclpy.try_shutdown()
+            result = done.result().result
+            print(f"{result.outcome}: {result.reason}\n({result.frames} frames, {result.chunks} chunks, "
+                  f"{result.elapsed_s:.1f} s; last subtask {result.last_subtask!r}, memory {result.last_memory!r})")
+            return EXIT_CODES.get(result.outcome, 1)
+        except KeyboardInterrupt:
+            if handle is not None and rclpy.ok():
+                cancel = handle.cancel_goal_async()
+                end = time.monotonic() + 5.0
+                while not cancel.done() and time.monotonic() < end:
+                    rclpy.spin_once(node, timeout_sec=0.1)
+                print("canceled: the node holds", file=sys.stderr)
+            return EXIT_CODES["canceled"]
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from oxygen_ros.policy import PolicyConfigError
-from oxygen_ros.serve.lerobot_server import LeRobotServer
+from oxygen_ros.serve.lerobot_async.server import LeRobotServer
 from oxygen_ros.serve.options import build_server, parse
 
 

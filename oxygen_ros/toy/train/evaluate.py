@@ -39,7 +39,8 @@ from oxygen_ros.engine.engine import Engine, EngineConfig, build_engine
 from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
 from oxygen_ros.policy import Policy, PreparedObservation, RawObservation, load_policy
-from oxygen_ros.policy.runner import FrameRunner, LanguageSchedule
+from oxygen_ros.policy.language import LanguageSchedule
+from oxygen_ros.policy.runner import FrameRunner
 from oxygen_ros.policy.shipped_model import TOY_MODEL_DIR
 from oxygen_ros.toy.world import CAMERAS, TabletopWorld, WorldConfig, WorldObservation, expert_subtask
 from oxygen_ros.toy.world.language import narration_text, sample_questions

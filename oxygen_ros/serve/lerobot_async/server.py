@@ -6,8 +6,8 @@ streams ``SendObservations`` (a pickled ``TimedObservation`` in 2 MB chunks with
 polls ``GetActions`` (a pickled list of ``TimedAction``, or empty data when no observation came within the queue
 timeout). This server differs from LeRobot's ``PolicyServer`` where that one is unsafe or single-client:
 
-- payloads are read by the allow-list unpickler (:mod:`.lerobot_pickle`), bounded in size and chunk count
-  (:class:`Limits`); a refused payload gets ``INVALID_ARGUMENT`` (or ``RESOURCE_EXHAUSTED``) naming why;
+- payloads are read by the allow-list unpickler (:mod:`.unpickler`), bounded in size and chunk count
+  (:class:`~.transfer.Limits`); a refused payload gets ``INVALID_ARGUMENT`` (or ``RESOURCE_EXHAUSTED``) naming why;
 - the checkpoint is the one the server was started with (a client names it by its path, or by an alias given with
   ``--checkpoint-alias``), or a checkpoint folder under ``--allowed-root`` (loaded on first use, a bounded number);
   any other ``pretrained_name_or_path`` gets ``PERMISSION_DENIED``, nothing is loaded;
@@ -30,14 +30,12 @@ tensors, action i stamped ``timestamp + i / fps`` and ``timestep + i``.
 from __future__ import annotations
 
 import contextlib
-import hmac
 import json
 import logging
-import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from concurrent import futures
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,78 +45,23 @@ import grpc
 import numpy as np
 import torch
 
-from oxygen_ros.policy import RawObservation
+from ..batching import Batcher
+from ..sessions import Request, Session, SessionPool
+from . import service
+from .api_key import ApiKey
+from .observations import Pending, check_features, image_shapes, read_observation
+from .payloads import PayloadError, RemotePolicyConfig, TimedAction, TimedObservation
+from .pickler import dumps
+from .proto import services_pb2
+from .transfer import Limits, ReceiveError, receive_chunks
+from .unpickler import loads
 
-from .batching import Batcher
-from .lerobot_pickle import PayloadError, RemotePolicyConfig, TimedAction, TimedObservation, dumps, loads
-from .lerobot_proto import services_pb2, services_pb2_grpc
-from .sessions import Request, Session, SessionPool
-
-__all__ = ["LeRobotServer", "Limits", "ReceiveError", "receive_chunks"]
+__all__ = ["LeRobotServer"]
 
 log = logging.getLogger(__name__)
 
-IMAGES = "observation.images."
-STATE = "observation.state"
 SUPPORTED_POLICY_TYPES = ("pi05",)
 _STAMP_ORIGIN = 1 << 20  # keeps timestep stamps positive (0 means unstamped)
-_BEGIN, _MIDDLE, _END = (services_pb2.TRANSFER_BEGIN, services_pb2.TRANSFER_MIDDLE, services_pb2.TRANSFER_END)
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Bounds on what a client may send.
-
-    max_payload_bytes: one pickled payload after reassembly.
-    max_chunks: messages of one ``SendObservations`` stream.
-    max_message_bytes: one gRPC message (LeRobot's channels allow 4 MB; its chunks are 2 MB).
-    """
-
-    max_payload_bytes: int = 64 << 20
-    max_chunks: int = 64
-    max_message_bytes: int = 4 << 20
-
-
-class ReceiveError(ValueError):
-    """A chunked stream refused (the status code it maps to, and why)."""
-
-    def __init__(self, code: grpc.StatusCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def receive_chunks(messages: Iterable[Any], limits: Limits) -> bytes:
-    """One payload from LeRobot's chunked stream (``lerobot.transport.utils.receive_bytes_in_chunks``): BEGIN
-    starts it, MIDDLE continues it, END completes it (a one-chunk payload is a lone END), strictly in that order.
-
-    Raises:
-        ReceiveError: a wrong transfer state, a stream that ends before END, too many chunks or bytes.
-    """
-    parts: list[bytes] = []
-    size, count, begun = 0, 0, False
-    for m in messages:
-        count += 1
-        if count > limits.max_chunks:
-            raise ReceiveError(grpc.StatusCode.RESOURCE_EXHAUSTED, f"more than {limits.max_chunks} chunks")
-        state = m.transfer_state
-        if state == _BEGIN:
-            if begun:
-                raise ReceiveError(grpc.StatusCode.INVALID_ARGUMENT, "TRANSFER_BEGIN twice in one stream")
-            begun = True
-        elif state == _MIDDLE:
-            if not begun:
-                raise ReceiveError(grpc.StatusCode.INVALID_ARGUMENT, "TRANSFER_MIDDLE before TRANSFER_BEGIN")
-        elif state != _END:
-            raise ReceiveError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown transfer state {int(state)}")
-        size += len(m.data)
-        if size > limits.max_payload_bytes:
-            raise ReceiveError(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"payload larger than {limits.max_payload_bytes} bytes")
-        parts.append(m.data)
-        if state == _END:
-            return b"".join(parts)
-    raise ReceiveError(grpc.StatusCode.INVALID_ARGUMENT,
-                       "truncated: the stream ended before TRANSFER_END" if count else "empty stream")
 
 
 @dataclass
@@ -146,48 +89,9 @@ class _Client:
     seen: float = field(default_factory=time.monotonic)
 
 
-@dataclass
-class _Pending:
-    observation: TimedObservation
-    raw: RawObservation
-    state: np.ndarray
-    arrived_ns: int = field(default_factory=time.monotonic_ns)
 
 
-class _ApiKey(grpc.ServerInterceptor):
-    """Refuses calls without the API key in their metadata (``UNAUTHENTICATED``)."""
-
-    def __init__(self, key: str) -> None:
-        self.key = key.encode()
-        self.refused = 0
-
-    def authorised(self, metadata: Sequence[tuple[str, Any]]) -> bool:
-        md = {k.lower(): v for k, v in metadata}
-        auth = md.get("authorization", "")
-        given = auth[len("Api-Key "):] if isinstance(auth, str) and auth.startswith("Api-Key ") \
-            else md.get("x-api-key", "")
-        return isinstance(given, str) and hmac.compare_digest(given.encode(), self.key)
-
-    def intercept_service(self, continuation: Callable, details: grpc.HandlerCallDetails) -> Any:
-        handler = continuation(details)
-        if handler is None or self.authorised(details.invocation_metadata or ()):
-            return handler
-        self.refused += 1
-
-        def deny(_request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid API key is required "
-                                                           "(metadata 'authorization: Api-Key <key>')")
-
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(deny)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(deny)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(deny)
-        return grpc.unary_unary_rpc_method_handler(deny)
-
-
-class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
+class LeRobotServer:
     """The gRPC server (see the module docstring).
 
     Args:
@@ -224,13 +128,13 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         self.window_s, self.max_batch = window_s, max_batch
         self.limits = limits or Limits()
         self.tls = tls
-        self.auth = _ApiKey(api_key) if api_key else None
+        self.auth = ApiKey(api_key) if api_key else None
         self.language_log = language_log
         self.max_workers = max_workers or max(8, 4 * max_batch)
         self.client_idle_s = client_idle_s
         self.allowed_root = Path(allowed_root).resolve() if allowed_root is not None else None
         self.pool_factory, self.max_checkpoints = pool_factory, max_checkpoints
-        self._default = _Served(pool, None, _image_shapes(pool.policy.spec.checkpoint))
+        self._default = _Served(pool, None, image_shapes(pool.policy.spec.checkpoint))
         self._served: dict[str, _Served] = {}  # other checkpoints under allowed_root, by resolved path
         self._load_lock = threading.Lock()
         self.stats = {"refused_payloads": 0, "refused_checkpoints": 0, "skipped_observations": 0, "served": 0}
@@ -258,7 +162,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
                    ("grpc.max_send_message_length", 64 << 20)]
         self._server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="lerobot-grpc"),
                                    interceptors=[self.auth] if self.auth else [], options=options)
-        services_pb2_grpc.add_AsyncInferenceServicer_to_server(self, self._server)
+        service.add_to_server(self, self._server)
         address = f"{self.host}:{self.port}"
         if self.tls is not None:
             creds = grpc.ssl_server_credentials([(self.tls[1], self.tls[0])])
@@ -341,7 +245,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         apc = config.actions_per_chunk
         if isinstance(apc, bool) or not isinstance(apc, int) or apc < 1:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actions_per_chunk must be a positive int, got {apc!r}")
-        problem = _check_features(config.lerobot_features, config.rename_map)
+        problem = check_features(config.lerobot_features, config.rename_map)
         if problem:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         with client.lock:
@@ -382,7 +286,7 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
     def GetActions(self, request: Any, context: grpc.ServicerContext) -> Any:  # noqa: N802
         client = self._client(context)
         try:
-            pending: _Pending = client.observations.get(timeout=self.obs_queue_timeout_s)
+            pending: Pending = client.observations.get(timeout=self.obs_queue_timeout_s)
         except queue.Empty:
             return services_pb2.Actions()  # LeRobot answers Empty: the client reads no data and asks again
         obs, config = pending.observation, client.config
@@ -415,6 +319,11 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
         return services_pb2.Actions(data=dumps(actions))
 
     # ------------------------------------------------------------------------------------------ helpers
+    def _pending(self, obs: TimedObservation, config: RemotePolicyConfig, served: _Served | None = None) -> Pending:
+        """The observation as the client's checkpoint reads it (:func:`~.observations.read_observation`)."""
+        served = served or self._default
+        return read_observation(obs, config, served.pool.policy, served.image_shapes)
+
     def _decode(self, data: bytes, kind: type, context: grpc.ServicerContext) -> Any:
         if len(data) > self.limits.max_payload_bytes:
             self.stats["refused_payloads"] += 1
@@ -460,71 +369,14 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
                     pool = self.pool_factory(path)
                 except Exception as e:
                     context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"{path}: cannot load: {e}")
-                served = _Served(pool, Batcher(pool, self.window_s, self.max_batch), _image_shapes(path))
+                served = _Served(pool, Batcher(pool, self.window_s, self.max_batch), image_shapes(path))
                 self._served[str(path)] = served
                 log.info(f"loaded {path} (under the allowed root {root})")
         return served
 
-    def _pending(self, obs: TimedObservation, config: RemotePolicyConfig, served: _Served | None = None) -> _Pending:
-        """The observation as the policy reads it (LeRobot's ``raw_observation_to_observation``); checked here so
-        that a bad one is refused to its sender, never failing the batch it would have joined."""
-        if isinstance(obs.timestep, bool) or not isinstance(obs.timestep, int) or obs.timestep < 0:
-            raise ValueError(f"timestep must be a non-negative int, got {obs.timestep!r}")
-        if not isinstance(obs.timestamp, int | float) or not math.isfinite(obs.timestamp):
-            raise ValueError(f"timestamp must be a finite number, got {obs.timestamp!r}")
-        if not isinstance(obs.must_go, bool) or not isinstance(obs.observation, dict):
-            raise ValueError("must_go must be a bool and observation a dict")
-        values, features = obs.observation, config.lerobot_features
-        served = served or self._default
-        spec, policy = served.pool.policy.spec, served.pool.policy
-        state = np.zeros(0, dtype=np.float32)
-        images: dict[str, np.ndarray] = {}
-        for key, ft in features.items():
-            if key == STATE:
-                missing = [n for n in ft["names"] if n not in values]
-                if missing:
-                    raise ValueError(f"missing state value(s) {missing[:3]}")
-                try:
-                    state = np.array([_number(values[n], n) for n in ft["names"]], dtype=np.float32)
-                except (TypeError, ValueError) as e:
-                    raise ValueError(f"state: {e}") from None
-            elif key.startswith(IMAGES) and ft.get("dtype") in ("image", "video"):
-                name = key.removeprefix(IMAGES)
-                if name not in values:
-                    raise ValueError(f"missing camera {name!r}")
-                renamed = config.rename_map.get(key, key)
-                if policy.slot_of(renamed) not in spec.camera_slots:
-                    raise ValueError(f"camera {renamed!r} is not a camera of the checkpoint {list(spec.camera_slots)}")
-                images[renamed] = self._image(values[name], renamed, served.image_shapes)
-        if spec.state_dim is not None and state.shape[0] != spec.state_dim:
-            raise ValueError(f"{state.shape[0]} state dims; the checkpoint expects {spec.state_dim}")
-        if not np.all(np.isfinite(state)):
-            raise ValueError("the state contains NaN or Inf")
-        if not images:
-            raise ValueError("no camera image")
-        task = values.get("task", "")
-        if not isinstance(task, str):
-            raise ValueError(f"'task' must be a string, got {type(task).__name__}")
-        return _Pending(obs, RawObservation(images, state, task), state)
 
     @staticmethod
-    def _image(image: object, key: str, shapes: dict[str, tuple[int, ...]]) -> np.ndarray:
-        """A camera image [H, W, 3] uint8, resized as LeRobot's ``resize_robot_observation_image`` does to the
-        checkpoint's feature shape (bilinear, on the uint8 tensor) when it differs."""
-        if isinstance(image, torch.Tensor):
-            image = image.numpy()
-        if not isinstance(image, np.ndarray) or image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8:
-            raise ValueError(f"camera {key!r}: expected an [H, W, 3] uint8 image, got "
-                             f"{getattr(image, 'dtype', type(image).__name__)} {getattr(image, 'shape', '')}")
-        shape = shapes.get(key)
-        if shape is not None and tuple(image.shape[:2]) != tuple(shape[1:]):
-            t = torch.from_numpy(np.ascontiguousarray(image)).permute(2, 0, 1)[None]
-            t = torch.nn.functional.interpolate(t, size=tuple(shape[1:]), mode="bilinear", align_corners=False)
-            image = t[0].permute(1, 2, 0).contiguous().numpy()
-        return image
-
-    @staticmethod
-    def _is_new(pending: _Pending, client: _Client) -> bool:
+    def _is_new(pending: Pending, client: _Client) -> bool:
         """LeRobot's ``_obs_sanity_checks``: not a timestep predicted already, and not too similar (joint distance
         >= 1) to the last observation processed."""
         if pending.observation.timestep in client.predicted:
@@ -547,40 +399,3 @@ class LeRobotServer(services_pb2_grpc.AsyncInferenceServicer):
             with self._log_lock, open(self.language_log, "a") as f:
                 f.write("".join(line + "\n" for line in lines))
 
-
-def _number(value: object, name: str) -> float:
-    if isinstance(value, bool | int | float | np.integer | np.floating):
-        return float(value)
-    if isinstance(value, np.ndarray) and value.size == 1 and value.dtype.kind in "biuf":
-        return float(value.reshape(-1)[0])
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        return float(value.reshape(-1)[0])
-    raise TypeError(f"{name!r}: expected a number, got {type(value).__name__}")
-
-
-def _check_features(features: object, rename_map: object) -> str:
-    """Why ``lerobot_features`` / ``rename_map`` cannot be used ('' = they can)."""
-    if not isinstance(rename_map, dict) or not all(isinstance(k, str) and isinstance(v, str)
-                                                   for k, v in rename_map.items()):
-        return "rename_map must be a dict of strings"
-    if not isinstance(features, dict) or not features:
-        return "lerobot_features must be a non-empty dict"
-    for key, ft in features.items():
-        if not isinstance(key, str) or not isinstance(ft, dict):
-            return f"lerobot_features[{key!r}]: expected a dict (LeRobot's hw_to_dataset_features)"
-        if key == STATE and (not isinstance(ft.get("names"), list) or not all(isinstance(n, str)
-                                                                             for n in ft["names"])):
-            return f"lerobot_features[{STATE!r}]: 'names' must be a list of strings"
-    if STATE not in features:
-        return f"lerobot_features: no {STATE!r}"
-    return ""
-
-
-def _image_shapes(checkpoint: Path) -> dict[str, tuple[int, ...]]:
-    """A LeRobot checkpoint's camera feature shapes [C, H, W] (config.json ``input_features``); {} otherwise."""
-    try:
-        cfg = json.loads((Path(checkpoint) / "config.json").read_text())
-        return {k: tuple(int(x) for x in v["shape"]) for k, v in cfg.get("input_features", {}).items()
-                if isinstance(v, dict) and v.get("type") == "VISUAL" and len(v.get("shape", ())) == 3}
-    except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        return {}
