@@ -12,6 +12,10 @@ each engine's frame time from the work it must do.
 
 runs the multi-stream language workload (questions, memory, narration at their own cadences) on oxygen,
 isolated and shared_kv side by side (``bench/streams.py``; ``oxygen-bench streams --help``).
+
+    oxygen-bench experiment <name> [options]
+
+runs one of the A/B experiments of ``bench/experiments.py`` (``oxygen-bench experiment --help``).
 """
 
 from __future__ import annotations
@@ -71,8 +75,14 @@ def plot_results(result: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``oxygen-bench``: build the benchmark model, measure the engines side by side, write JSON, table, plots.
-    ``oxygen-bench streams ...``: the multi-stream workload (``bench/streams.py``)."""
+    ``oxygen-bench streams ...``: the multi-stream workload (``bench/streams.py``); ``oxygen-bench experiment
+    <name> ...``: an A/B experiment (``bench/experiments.py``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["experiment"]:
+        from oxygen_ros.bench.experiments import main as experiment_main
+
+        experiment_main(argv[1:])
+        return
     if argv[:1] == ["streams"]:
         from oxygen_ros.bench.streams import main as streams_main
 

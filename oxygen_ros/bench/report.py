@@ -9,6 +9,16 @@ from pathlib import Path
 from oxygen_ros.bench.cost_model import predict_frame_s
 
 
+def subplots(*args, **kwargs):
+    """``plt.subplots`` on the Agg backend (no display): (figure, axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(*args, **kwargs)
+
+
 def save_figure(fig, path: Path) -> Path:
     """Lay out, write (110 dpi) and close a matplotlib figure."""
     import matplotlib.pyplot as plt
