@@ -8,6 +8,9 @@ from pathlib import Path
 
 from oxygen_ros.bench.cost_model import predict_frame_s
 
+# one colour per engine in every benchmark plot
+COLORS = {"isolated": "tab:gray", "shared_kv": "tab:orange", "parallel": "tab:purple", "oxygen": "tab:green"}
+
 
 def subplots(*args, **kwargs):
     """``plt.subplots`` on the Agg backend (no display): (figure, axes)."""

@@ -13,7 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from oxygen_ros.bench.plots import COLORS, plot_bench  # noqa: E402
+from oxygen_ros.bench.plots import plot_bench  # noqa: E402
+from oxygen_ros.bench.report import COLORS  # noqa: E402
 from oxygen_ros.bench.sweep_report import row  # noqa: E402
 
 STAGE_COLORS = {"prefill_ms": "tab:blue", "language_prefill_ms": "tab:cyan", "denoise_ms": "tab:red",
