@@ -22,11 +22,12 @@ def subplots(*args, **kwargs):
     return plt.subplots(*args, **kwargs)
 
 
-def save_figure(fig, path: Path) -> Path:
-    """Lay out, write (110 dpi) and close a matplotlib figure."""
+def save_figure(fig, path: Path, tight: bool = True) -> Path:
+    """Lay out (``tight``: tight_layout), write (110 dpi) and close a matplotlib figure."""
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
