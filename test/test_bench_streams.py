@@ -9,7 +9,8 @@ import statistics
 import pytest
 from conftest import assert_plot, make_model
 
-from oxygen_ros.bench.streams import REFERENCE_STREAMS, request_keys, run_streams, stream_schedule, write_results
+from oxygen_ros.bench.streams import REFERENCE_STREAMS, request_keys, run_streams, stream_schedule
+from oxygen_ros.bench.streams_report import write_results
 from oxygen_ros.engine import get_config
 
 ENGINES = ("oxygen", "isolated", "shared_kv")

@@ -1,5 +1,5 @@
-"""The real-time-chunking cost benchmark (bench/rtc_cost.py) on the tiny config: its files, and that the guided
-denoises it times really guide (their chunks differ from the unguided one)."""
+"""The real-time-chunking cost benchmark (``rtc_cost`` of bench/experiments.py) on the tiny config: its files,
+and that the guided denoises it times really guide (their chunks differ from the unguided one)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,10 @@ from conftest import assert_plot
 
 
 def test_rtc_cost_cli_writes_json_table_and_plot(tmp_path) -> None:
-    from oxygen_ros.bench.rtc_cost import main
+    from oxygen_ros.bench.cli import main
 
     out = tmp_path / "rc"
-    main(["--config", "tiny", "--repeats", "2", "--out", str(out)])
+    main(["experiment", "rtc_cost", "--config", "tiny", "--repeats", "2", "--out", str(out)])
     res = json.loads((out / "results.json").read_text())
     assert set(res["median_ms"]) == {"eager", "eager_identity", "fused", "fused_identity", "vjp", "static",
                                      "static_identity"}

@@ -1,19 +1,26 @@
-"""Our side of the openpi side-by-side benchmark (bench/vs_openpi.py): the module imports without openpi, the
-checkpoint it writes loads in oxygen_ros, and the timed action path returns the model's own actions."""
+"""Our side of the openpi side-by-side benchmark (test/fixtures/openpi/vs_openpi.py, beside the fixture generator):
+the module imports without openpi, the checkpoint it writes loads in oxygen_ros, and the timed action path returns
+the model's own actions."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
+from pathlib import Path
 
 import torch
 from conftest import assert_plot
 
-from oxygen_ros.bench import vs_openpi
 from oxygen_ros.engine import get_config
 from oxygen_ros.engine.backends.precision import apply_precision
 from oxygen_ros.engine.checkpoint import load_checkpoint
 from oxygen_ros.policy.synthetic import make_random_checkpoint
+
+# a script of openpi's side environment, not a module of the package: loaded from its file
+_SPEC = importlib.util.spec_from_file_location("vs_openpi", Path(__file__).parent / "fixtures/openpi/vs_openpi.py")
+vs_openpi = sys.modules["vs_openpi"] = importlib.util.module_from_spec(_SPEC)
+_SPEC.loader.exec_module(vs_openpi)
 
 
 def test_module_needs_no_openpi():

@@ -12,6 +12,10 @@ each engine's frame time from the work it must do.
 
 runs the multi-stream language workload (questions, memory, narration at their own cadences) on oxygen,
 isolated and shared_kv side by side (``bench/streams.py``; ``oxygen-bench streams --help``).
+
+    oxygen-bench experiment <name> [options]
+
+runs one of the A/B experiments of ``bench/experiments.py`` (``oxygen-bench experiment --help``).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from oxygen_ros.bench.models import DTYPES, build_heads, build_model, dtype_name, resolve_dtype
+from oxygen_ros.bench.models import add_model_args, build_heads, model_from_args
 from oxygen_ros.bench.report import write_results
 from oxygen_ros.bench.side_by_side import make_plan, profile_batches, run_bench
 from oxygen_ros.engine.modes import ENGINE_MODES
@@ -50,11 +54,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--rate", type=float, default=1.0)
     ap.add_argument("--deadline-ms", type=float, default=None, help="frame deadline (k=auto, deadline misses)")
     ap.add_argument("--heads", type=int, default=1, help="action experts reading the prefix (E)")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES))
-    ap.add_argument("--no-onednn", action="store_true", help="keep plain F.linear on CPU")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    add_model_args(ap)
     ap.add_argument("--out", type=Path, default=Path("runs/bench"))
     return ap.parse_args(argv)
 
@@ -71,30 +71,29 @@ def plot_results(result: dict, out: Path) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """``oxygen-bench``: build the benchmark model, measure the engines side by side, write JSON, table, plots.
-    ``oxygen-bench streams ...``: the multi-stream workload (``bench/streams.py``)."""
+    ``oxygen-bench streams ...``: the multi-stream workload (``bench/streams.py``); ``oxygen-bench experiment
+    <name> ...``: an A/B experiment (``bench/experiments.py``)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["experiment"]:
+        from oxygen_ros.bench.experiments import main as experiment_main
+
+        experiment_main(argv[1:])
+        return
     if argv[:1] == ["streams"]:
         from oxygen_ros.bench.streams import main as streams_main
 
         streams_main(argv[1:])
         return
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    dtype = resolve_dtype(args.dtype, device)
-    model, onednn = build_model(args.config, args.preset, device, dtype, seed=args.seed,
-                                onednn=not args.no_onednn, num_steps=args.S)
+    model, onednn = model_from_args(args, num_steps=args.S)
     heads = build_heads(model, args.heads - 1, args.seed, onednn) if args.heads > 1 else None
-    print(f"model {model.config.name}/{args.preset}: {model.num_parameters() / 1e6:.1f}M parameters on {device} "
-          f"{dtype_name(dtype)}, oneDNN linear: {onednn}")
 
     ks = parse_k(args.k)
     template = Workload(kind=args.workload, max_new_tokens=max(args.N), period=args.period,
                         burst_size=args.burst_size, rate=args.rate, seed=args.seed)
     deadline_s = args.deadline_ms / 1e3 if args.deadline_ms else None
     plan = make_plan(args.N, args.engines, ks, args.S, template, deadline_s)
-    result = run_bench(model, plan, args.frames, device=device, preset=args.preset, onednn=onednn,
+    result = run_bench(model, plan, args.frames, device=torch.device(args.device), preset=args.preset, onednn=onednn,
                        batches=profile_batches(args.N, ks), seed=args.seed, heads=heads)
     table = write_results(result, args.out)
     plot_results(result, args.out)

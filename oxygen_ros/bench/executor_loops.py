@@ -17,8 +17,6 @@ the CPU per tick: the executor process's (utime + stime over the window, any loo
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -33,15 +31,15 @@ from oxygen_ros.ros import qos
 from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe
-from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
+from oxygen_ros.testing.process import NodeProcess
 
 from .executor_timing_stats import period_errors
 from .report import save_figure
+from .soak import INSTRUCTION, node_params, start_load, stop_load
 
-__all__ = ["LOOP_RUNS", "LoopSpec", "loop_table", "plot_loops", "run_loop"]
+__all__ = ["LOOP_RUNS", "LoopSpec", "TickRecorder", "diag_number", "loop_table", "plot_loops", "run_loop"]
 
 EXECUTOR_DIAG = "oxygen_executor: executor"
-INSTRUCTION = "put the red block on the blue plate"
 
 
 @dataclass(frozen=True)
@@ -63,18 +61,22 @@ LOOP_RUNS = tuple(LoopSpec(loop, prio, rate, load) for load in ("idle", "soak") 
                   for loop, prio in (("timer", 0), ("thread", 0), ("thread", 50)))
 
 
-class _Recorder:
+class TickRecorder:
+    """The executor's ExecutedPlan ticks (stamp, chunk in force, holding, setpoint, receipt: system clock ns) and
+    its /diagnostics (with the status message)."""
+
     def __init__(self, probe: Probe) -> None:
         self.lock = threading.Lock()
-        self.ticks: list[tuple[int, int]] = []  # (stamp, receipt) ns, system clock
+        self.ticks: list[tuple[int, int, bool, tuple[float, ...], int]] = []
         self.diag: dict[str, str] = {}
         probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos.reliable(5000))
         probe.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
 
     def _on_tick(self, msg: ExecutedPlan) -> None:
         got = time.time_ns()
+        tick = (stamp_to_ns(msg.header.stamp), int(msg.frame_index), bool(msg.holding), tuple(msg.setpoint), got)
         with self.lock:
-            self.ticks.append((stamp_to_ns(msg.header.stamp), got))
+            self.ticks.append(tick)
 
     def _on_diag(self, msg: DiagnosticArray) -> None:
         for status in msg.status:
@@ -83,25 +85,33 @@ class _Recorder:
                     self.diag = {kv.key: kv.value for kv in status.values}
                     self.diag["message"] = status.message
 
+    def window(self, t0_ns: int, t1_ns: int, setpoints_only: bool = True) -> list[tuple]:
+        """The ticks stamped in [t0_ns, t1_ns) (``setpoints_only``: those that commanded a setpoint)."""
+        with self.lock:
+            return [t for t in self.ticks if t0_ns <= t[0] < t1_ns and (t[3] or not setpoints_only)]
+
+    def diagnostics(self) -> dict[str, str]:
+        with self.lock:
+            return dict(self.diag)
+
+
+def diag_number(d: dict[str, str], key: str, default: float | None = 0.0) -> float | None:
+    """A diagnostics value as a number (``default`` where it is missing or not a number)."""
+    try:
+        return float(d[key])
+    except (KeyError, ValueError):
+        return default
+
 
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _num(d: dict[str, str], key: str) -> float | None:
-    try:
-        return float(d[key])
-    except (KeyError, ValueError):
-        return None
-
-
 def run_loop(spec: LoopSpec, config: Path, duration_s: float, warmup_s: float, domain_id: int,
              cpus: str = "") -> dict[str, Any]:
     """One configuration (see the module docstring); ``cpus``: rt.cpus of the thread loops ('' = any)."""
-    import yaml
-
-    params = next(iter(yaml.safe_load(config.read_text()).values()))["ros__parameters"]
+    params = node_params(config)
     dds, _ = dds_profile_environment(default_profile_path())
     overrides = {"chunk_topic": "/oxygen/action_chunk", "halt_topic": "/oxygen/halt", "output": "joint_state",
                  "command_rate_hz": spec.rate_hz, "loop": spec.loop, "rt.priority": spec.priority}
@@ -113,47 +123,36 @@ def run_loop(spec: LoopSpec, config: Path, duration_s: float, warmup_s: float, d
         if proc is not None:
             proc.env.update(dds)
     probe = Probe([], [], domain_id=domain_id, name="executor_loops_probe")
-    rec = _Recorder(probe)
+    rec = TickRecorder(probe)
     load = None
     try:
         executor.start()
         if node is not None:
             node.start()
-            cameras = list(zip(params["camera_names"], params["camera_topics"], strict=True))
-            load = subprocess.Popen(
-                [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
-                 *[f"{topic}:640x480:rgb8" for _, topic in cameras], "--rate", "30", "--duration",
-                 str(warmup_s + duration_s + 180), "--joints", ",".join(params["joint_names"]), "--joint-rate",
-                 "50"], env={**ros_env(domain_id), **dds}, cwd=source_checkout(), stdout=subprocess.DEVNULL,
-                stderr=subprocess.STDOUT, start_new_session=True)
+            load = start_load(params, domain_id, warmup_s + duration_s + 180, dds)
             ready = lambda: len(probe.chunks()) > 0 and len(rec.ticks) > 0  # noqa: E731
         else:
             ready = lambda: len(rec.ticks) > 0  # noqa: E731
         if not probe.wait_for(ready, 240.0):
             raise RuntimeError(f"{spec.name}: no tick (or no chunk); executor:\n{executor.output()[-2000:]}")
         time.sleep(warmup_s)
-        with rec.lock:
-            before = dict(rec.diag)
+        before = rec.diagnostics()
         t0, cpu0 = time.time_ns(), _cpu_s(executor.proc.pid)
         time.sleep(duration_s)
         t1, cpu1 = time.time_ns(), _cpu_s(executor.proc.pid)
         time.sleep(1.5)  # a diagnostics report covers the window's end
-        with rec.lock:
-            after = dict(rec.diag)
-            ticks = [t for t in rec.ticks if t0 <= t[0] < t1]
+        after, ticks = rec.diagnostics(), rec.window(t0, t1, setpoints_only=False)
     finally:
         probe.close()
-        if load is not None:
-            load.terminate()
-            load.wait(timeout=10)
+        stop_load(load)
         code = executor.stop(timeout=10)
         node_code = node.stop(timeout=10) if node is not None else None
     if len(ticks) < 3:
         raise RuntimeError(f"{spec.name}: {len(ticks)} ticks in the window ({len(rec.ticks)} in all); executor "
                            f"diagnostics {after}; executor:\n{executor.output()[-3000:]}")
     stamps = np.array([t[0] for t in ticks], dtype=np.int64)
-    wire = (np.array([t[1] for t in ticks], dtype=np.int64) - stamps) / 1e6
-    b_under, a_under = _num(before, "underruns"), _num(after, "underruns")
+    wire = (np.array([t[4] for t in ticks], dtype=np.int64) - stamps) / 1e6
+    b_under, a_under = diag_number(before, "underruns", None), diag_number(after, "underruns", None)
     return {**asdict(spec), "name": spec.name, "duration_s": duration_s, "executor_exit_code": code,
             "node_exit_code": node_code, "period": period_errors(stamps, spec.rate_hz),
             "wire_ms": {"p50": float(np.percentile(wire, 50)), "p99": float(np.percentile(wire, 99)),

@@ -27,9 +27,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
@@ -37,23 +35,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from diagnostic_msgs.msg import DiagnosticArray
 
-from oxygen_ros.msg import ExecutedPlan
-from oxygen_ros.ros import qos
 from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe, header_ns
-from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
+from oxygen_ros.testing.process import NodeProcess, source_checkout
 
+from .executor_loops import TickRecorder, diag_number
 from .executor_timing_plots import plot_setpoints
 from .executor_timing_stats import period_errors, switch_jumps
 from .report import write_run
+from .soak import INSTRUCTION, node_params, start_load, stop_load
 
 __all__ = ["RUNS", "RunSpec", "main", "run_one"]
-
-INSTRUCTION = "put the red block on the blue plate"
-EXECUTOR_DIAG = "oxygen_executor: executor"
 
 
 @dataclass(frozen=True)
@@ -74,56 +68,12 @@ RUNS = (RunSpec("100hz_replace_timing_rule", 100.0, "replace", "timing_rule"),
         RunSpec("500hz_replace_executor", 500.0, "replace", "executor"))
 
 
-class TickRecorder:
-    """The executor's ExecutedPlan ticks (stamp, chunk in force, holding, setpoint) and its /diagnostics."""
-
-    def __init__(self, probe: Probe) -> None:
-        self.lock = threading.Lock()
-        self.ticks: list[tuple[int, int, bool, tuple[float, ...]]] = []
-        self.diag: dict[str, str] = {}
-        probe.node.create_subscription(ExecutedPlan, "/oxygen_executor/executed", self._on_tick, qos.reliable(2000))
-        probe.node.create_subscription(DiagnosticArray, "/diagnostics", self._on_diag, 10)
-
-    def _on_tick(self, msg: ExecutedPlan) -> None:
-        tick = (stamp_to_ns(msg.header.stamp), int(msg.frame_index), bool(msg.holding), tuple(msg.setpoint))
-        with self.lock:
-            self.ticks.append(tick)
-
-    def _on_diag(self, msg: DiagnosticArray) -> None:
-        for status in msg.status:
-            if status.name == EXECUTOR_DIAG:
-                with self.lock:
-                    self.diag = {kv.key: kv.value for kv in status.values}
-
-    def window(self, t0_ns: int, t1_ns: int) -> list[tuple[int, int, bool, tuple[float, ...]]]:
-        with self.lock:
-            return [t for t in self.ticks if t0_ns <= t[0] < t1_ns and t[3]]
-
-    def diagnostics(self) -> dict[str, str]:
-        with self.lock:
-            return dict(self.diag)
-
-
-def _params(config: Path) -> dict[str, Any]:
-    import yaml
-
-    return next(iter(yaml.safe_load(config.read_text()).values()))["ros__parameters"]
-
-
-def _num(d: dict[str, str], key: str) -> float:
-    try:
-        return float(d.get(key, "0"))
-    except ValueError:
-        return 0.0
-
-
 def run_one(spec: RunSpec, config: Path, duration_s: float, warmup_s: float, domain_id: int,
             camera_size: str = "640x480", camera_rate: float = 30.0, joint_rate: float = 50.0,
             executor_fifo: int = 0) -> dict[str, Any]:
     """One run of ``spec`` (see the module docstring); its figures and a few seconds of series for the plot.
     ``executor_fifo``: run the executor process under ``chrt -f`` at that SCHED_FIFO priority (0: normal)."""
-    params = _params(config)
-    cameras = list(zip(params["camera_names"], params["camera_topics"], strict=True))
+    params = node_params(config)
     dds, _ = dds_profile_environment(default_profile_path())
     node = NodeProcess(config, {"instruction": INSTRUCTION, "rtc.remainder_source": spec.remainder_source},
                        domain_id=domain_id)
@@ -135,18 +85,13 @@ def run_one(spec: RunSpec, config: Path, duration_s: float, warmup_s: float, dom
         proc.env.update(dds)
     if executor_fifo:
         executor.cmd = ["chrt", "-f", str(executor_fifo), *executor.cmd]  # as a controller loop runs
-    load_cmd = [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
-                *[f"{topic}:{camera_size}:rgb8" for _, topic in cameras], "--rate", str(camera_rate),
-                "--duration", str(warmup_s + duration_s + 120), "--joints", ",".join(params["joint_names"]),
-                "--joint-rate", str(joint_rate)]
     probe = Probe([], [], domain_id=domain_id, name="executor_timing_probe")
     recorder = TickRecorder(probe)
     load = None
     try:
         node.start()
         executor.start()
-        load = subprocess.Popen(load_cmd, env={**ros_env(domain_id), **dds}, cwd=source_checkout(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        load = start_load(params, domain_id, warmup_s + duration_s + 120, dds, camera_size, camera_rate, joint_rate)
         if not probe.wait_for(lambda: len(probe.chunks()) > 0 and len(recorder.window(0, 1 << 62)) > 0, 240.0):
             raise RuntimeError(f"no chunk or no executor tick; node:\n{node.output()[-2000:]}\nexecutor:\n"
                                f"{executor.output()[-2000:]}")
@@ -161,9 +106,7 @@ def run_one(spec: RunSpec, config: Path, duration_s: float, warmup_s: float, dom
         chunks = [c for c in probe.chunks() if now - 2 * 10**9 <= header_ns(c) < t1]
     finally:
         probe.close()
-        if load is not None:
-            load.terminate()
-            load.wait(timeout=10)
+        stop_load(load)
         executor_code = executor.stop(timeout=10)
         node_code = node.stop(timeout=10)
     if not ticks:
@@ -181,11 +124,11 @@ def run_one(spec: RunSpec, config: Path, duration_s: float, warmup_s: float, dom
         "period": period_errors(stamps, spec.rate_hz),
         "jumps": switch_jumps(stamps, frames, setpoints, holding, arm),
         "jump_joints": [joints[i] for i in arm],
-        "underruns": int(_num(after, "underruns") - _num(before, "underruns")),
-        "underrun_ticks": int(_num(after, "underrun_ticks") - _num(before, "underrun_ticks")),
+        "underruns": int(diag_number(after, "underruns") - diag_number(before, "underruns")),
+        "underrun_ticks": int(diag_number(after, "underrun_ticks") - diag_number(before, "underrun_ticks")),
         "holding_ticks": int(holding.sum()),
-        "chunks_used": int(_num(after, "chunks.used") - _num(before, "chunks.used")),
-        "node_frames": int(_num(node_after, "frames") - _num(node_before, "frames")),
+        "chunks_used": int(diag_number(after, "chunks.used") - diag_number(before, "chunks.used")),
+        "node_frames": int(diag_number(node_after, "frames") - diag_number(node_before, "frames")),
         "node_coverage_short_chunks": node_after.get("coverage_short_chunks", ""),
         "node_rtc_remainders": {k: node_after.get(k) for k in ("rtc_remainders_executor", "rtc_remainder_fallbacks",
                                                               "rtc_remainders_timing_rule") if k in node_after},

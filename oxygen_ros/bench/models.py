@@ -6,6 +6,7 @@ for a (config, preset, seed) and the oneDNN rule are the same everywhere.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Iterable
 
 import torch
@@ -46,6 +47,30 @@ def build_model(config: str, preset: str | None, device: torch.device, dtype: to
         model = Pi05Model(cfg)
     model = init_random_weights(model.to(dtype=dtype), seed=seed).eval()
     onednn = onednn and onednn_applies(device, dtype) and use_onednn(model) > 0
+    return model, onednn
+
+
+def add_model_args(ap: argparse.ArgumentParser, seed: bool = True) -> None:
+    """The options where the benchmark model runs: ``--device``, ``--dtype``, ``--no-onednn``, ``--threads`` (and
+    ``--seed`` of its random weights)."""
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
+    ap.add_argument("--no-onednn", action="store_true", help="keep plain F.linear on CPU (default: oneDNN)")
+    ap.add_argument("--threads", type=int, default=None)
+    if seed:
+        ap.add_argument("--seed", type=int, default=0)
+
+
+def model_from_args(a: argparse.Namespace, **overrides: object) -> tuple[Pi05Model, bool]:
+    """:func:`build_model` from ``--config``, ``--preset`` and :func:`add_model_args`' options (``--threads`` set
+    first); prints what was built."""
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    device = torch.device(a.device)
+    model, onednn = build_model(a.config, a.preset, device, resolve_dtype(a.dtype, device), seed=a.seed,
+                                onednn=not a.no_onednn, **overrides)
+    print(f"model {model.config.name}/{a.preset}: {model.num_parameters() / 1e6:.1f}M parameters on {device} "
+          f"{dtype_name(model.dtype)}, oneDNN linear: {onednn}")
     return model, onednn
 
 

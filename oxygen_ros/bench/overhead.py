@@ -14,7 +14,6 @@ host, so ``eager / floor`` bounds what fusing, compiling or capturing can reach 
 from __future__ import annotations
 
 import statistics
-import time
 import warnings
 from collections.abc import Callable
 
@@ -23,6 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from oxygen_ros.bench.observation import dummy_observation
+from oxygen_ros.bench.paired import paired, ratio
 from oxygen_ros.engine import KVCache, Pi05Model
 from oxygen_ros.engine.backends.graphs import FrameGraphs, resolve_backend
 from oxygen_ros.engine.timing import synchronize
@@ -74,40 +74,29 @@ def compute_floor(fn: Callable[[], object], device: torch.device, repeats: int =
     return statistics.median(totals)
 
 
-def _time(fn: Callable[[], object], device: torch.device) -> float:
-    synchronize(device)
-    t0 = time.perf_counter()
-    fn()
-    synchronize(device)
-    return time.perf_counter() - t0
-
-
 def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
                  floor: bool = True) -> dict:
-    """Interleaved timing of ``fns`` (variant -> call) on ``model`` (``eager``'s call runs the model's eager stages,
-    :func:`stage_models`). ``speedup``: eager / fused; ``graphs_speedup``: eager / graphs, when present;
-    ``floor_s`` / ``bound``: the fused stage's compute floor (:func:`compute_floor`, once per round) and the
-    median of the paired ratios eager / floor."""
-    times: dict[str, list[float]] = {v: [] for v in fns}
-    floors: list[float] | None = [] if floor else None  # floor=False: no profiler sessions
-    for rep in range(warmup + repeats):
-        for v, fn in fns.items():
-            t = _time(fn, model.device)
-            if rep >= warmup:
-                times[v].append(t)
-        if rep >= warmup and floors is not None:  # the floor in the same rounds, paired with their eager call
-            f = compute_floor(fns["fused"], model.device, repeats=1)
-            floors = None if f is None else [*floors, f]
+    """Interleaved timing of ``fns`` (variant -> call, ``bench/paired.py``, in a fixed order) on ``model``
+    (``eager``'s call runs the model's eager stages, :func:`stage_models`). ``speedup``: eager / fused;
+    ``graphs_speedup``: eager / graphs, when present; ``floor_s`` / ``bound``: the fused stage's compute floor
+    (:func:`compute_floor`, once per round) and the median of the paired ratios eager / floor."""
+    floors: list[float | None] = []
+
+    def round_floor() -> None:  # the floor in the same rounds, paired with their eager call
+        if floor and None not in floors:  # floor=False or no profiler here: no more profiler sessions
+            floors.append(compute_floor(fns["fused"], model.device, repeats=1))
+
+    times = paired(fns, repeats, warmup, model.device, alternate=False, after_round=round_floor)
     out = {f"{v}_s": statistics.median(ts) for v, ts in times.items()}
     for v in VARIANTS:  # a compiled or captured step dispatches no ATen operations one by one
         out[f"{v}_ops"] = count_ops(fns[v])
     if floors and all(floors):
         out["floor_s"] = statistics.median(floors)
-        out["bound"] = statistics.median(e / f for e, f in zip(times["eager"], floors, strict=True))
-    out["speedup"] = statistics.median(e / f for e, f in zip(times["eager"], times["fused"], strict=True))
+        out["bound"] = ratio({**times, "floor": floors}, "eager", "floor")
+    out["speedup"] = ratio(times, "eager", "fused")
     out["ratio_of_medians"] = out["eager_s"] / out["fused_s"]
     if "graphs" in times:
-        out["graphs_speedup"] = statistics.median(e / g for e, g in zip(times["eager"], times["graphs"], strict=True))
+        out["graphs_speedup"] = ratio(times, "eager", "graphs")
     out["samples"] = {v: ts for v, ts in times.items()}
     return out
 

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-COLORS = {"isolated": "tab:gray", "shared_kv": "tab:orange", "parallel": "tab:purple", "oxygen": "tab:green"}
+from oxygen_ros.bench.report import COLORS  # noqa: E402
 
 
 def _label(p: dict) -> str:

@@ -8,12 +8,26 @@ from pathlib import Path
 
 from oxygen_ros.bench.cost_model import predict_frame_s
 
+# one colour per engine in every benchmark plot
+COLORS = {"isolated": "tab:gray", "shared_kv": "tab:orange", "parallel": "tab:purple", "oxygen": "tab:green"}
 
-def save_figure(fig, path: Path) -> Path:
-    """Lay out, write (110 dpi) and close a matplotlib figure."""
+
+def subplots(*args, **kwargs):
+    """``plt.subplots`` on the Agg backend (no display): (figure, axes)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig.tight_layout()
+    return plt.subplots(*args, **kwargs)
+
+
+def save_figure(fig, path: Path, tight: bool = True) -> Path:
+    """Lay out (``tight``: tight_layout), write (110 dpi) and close a matplotlib figure."""
+    import matplotlib.pyplot as plt
+
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path

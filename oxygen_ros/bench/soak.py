@@ -41,11 +41,29 @@ __all__ = ["main", "run_soak"]
 INSTRUCTION = "put the red block on the blue plate"
 
 
-def _params(config: Path) -> dict[str, Any]:
+def node_params(config: Path) -> dict[str, Any]:
+    """The ``ros__parameters`` of the node in a parameter file."""
     import yaml
 
-    data = yaml.safe_load(config.read_text())
-    return next(iter(data.values()))["ros__parameters"]
+    return next(iter(yaml.safe_load(config.read_text()).values()))["ros__parameters"]
+
+
+def start_load(params: dict[str, Any], domain_id: int, seconds: float, dds: dict[str, str],
+               camera_size: str = "640x480", camera_rate: float = 30.0, joint_rate: float = 50.0) -> subprocess.Popen:
+    """The soak load every system benchmark uses: the node's cameras (``camera_size`` rgb8 at ``camera_rate``) and
+    joint states (at ``joint_rate``) from a process of their own, for ``seconds``; stop it with :func:`stop_load`."""
+    cmd = [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
+           *[f"{topic}:{camera_size}:rgb8" for topic in params["camera_topics"]], "--rate", str(camera_rate),
+           "--duration", str(seconds), "--joints", ",".join(params["joint_names"]), "--joint-rate", str(joint_rate)]
+    return subprocess.Popen(cmd, env={**ros_env(domain_id), **dds}, cwd=source_checkout(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def stop_load(load: subprocess.Popen | None) -> None:
+    """Stop a load from :func:`start_load` (None: none was started)."""
+    if load is not None:
+        load.terminate()
+        load.wait(timeout=10)
 
 
 def _counts(diag: dict[str, str]) -> dict[str, float]:
@@ -64,22 +82,15 @@ def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str,
              joint_rate: float, domain_id: int) -> dict[str, Any]:
     """Run the node of ``config`` under the load for ``warmup_s + duration_s`` seconds; the measured window's
     figures (see the module docstring)."""
-    params = _params(config)
-    cameras = list(zip(params["camera_names"], params["camera_topics"], strict=True))
-    joints = list(params["joint_names"])
+    params = node_params(config)
     node = NodeProcess(config, {"instruction": INSTRUCTION}, domain_id=domain_id)
     dds, _ = dds_profile_environment(default_profile_path())  # raw images over shared memory, as the launch file
     node.env.update(dds)
-    load_cmd = [sys.executable, "-m", "oxygen_ros.testing.camera_streams",
-                *[f"{topic}:{camera_size}:rgb8" for _, topic in cameras], "--rate", str(camera_rate),
-                "--duration", str(warmup_s + duration_s + 60), "--joints", ",".join(joints),
-                "--joint-rate", str(joint_rate)]
     probe = Probe([], [], domain_id=domain_id, name="soak_probe")
     load = None
     try:
         node.start()
-        load = subprocess.Popen(load_cmd, env={**ros_env(domain_id), **dds}, cwd=source_checkout(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True)
+        load = start_load(params, domain_id, warmup_s + duration_s + 60, dds, camera_size, camera_rate, joint_rate)
         if not probe.wait_for(lambda: len(probe.chunks()) > 0, 240.0):
             raise RuntimeError(f"the node published no chunk; its log:\n{node.output()[-3000:]}")
         time.sleep(warmup_s)
@@ -93,9 +104,7 @@ def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str,
         chunks = probe.chunks(since=t0)
     finally:
         probe.close()
-        if load is not None:
-            load.terminate()
-            load.wait(timeout=10)
+        stop_load(load)
         code = node.stop()
     delta = {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after
              if k == "frames" or k == "deadline_misses" or k.startswith("skipped.")}

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import statistics
 import sys
 import time
@@ -51,10 +50,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oxygen_ros.bench.models import DTYPES, build_model, dtype_name, resolve_dtype
+from oxygen_ros.bench.models import add_model_args, dtype_name, model_from_args
 from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
 from oxygen_ros.bench.progress import progress_bar
 from oxygen_ros.bench.runner import STALL_FACTOR, machine_info
+from oxygen_ros.bench.streams_report import DEADLINE_MODES, write_results
 from oxygen_ros.engine import Observation, Pi05Model
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.modes import NODE_MODES
@@ -65,12 +65,6 @@ ENGINES = ("oxygen", "isolated", "shared_kv")
 TARGET_SPEEDUP = 1.5  # oxygen action frequency >= 1.5x isolated's
 TARGET_P99_OVER_MEDIAN = 1.3  # oxygen p99 frame time <= 1.3x its median
 DEFAULT_DEADLINE_FACTOR = 1.5
-# k=auto without --deadline-ms: the deadline is factor x the no-language frame time, measured ...
-DEADLINE_MODES = {
-    "warmup": "on calibration frames, then on them and every engine's warm-up frames; fixed while measuring",
-    "calibration": "on the calibration frames before the run; fixed",
-    "tracking": "before each frame, on oxygen's last frames (it follows the host's load)",
-}
 # ``priority`` on LanguageRequest is optional (the scheduler's priority notion may or may not be there)
 _REQUEST_HAS_PRIORITY = "priority" in {f.name for f in dataclasses.fields(LanguageRequest)}
 
@@ -442,78 +436,6 @@ def run_streams(model: Pi05Model, engines: Sequence[str] = ENGINES, frames: int 
     }
 
 
-def markdown(res: dict) -> str:
-    """The summary tables: one row per engine, then per-stream latency, then the targets."""
-    eng = res["engines"]
-    wl, oxy = res["workload"], res["oxygen"]
-    nl = res["no_language_frame_ms"]
-    head = (f"{wl['frames']} measured frames per engine after {wl['warmup']} warm-up, interleaved; no-language frame "
-            f"{nl['median']:.0f} ms at calibration ({nl['median_with_warmup']:.0f} ms with the warm-up frames).")
-    if oxy.get("deadline"):
-        mode = oxy["deadline"]
-        head += f" oxygen: k=auto, deadline {oxy['deadline_ms_first']:.0f} ms first"
-        if mode == "absolute":
-            head += " (given)"
-        else:
-            head += f", {oxy['deadline_factor']}x the no-language frame measured {DEADLINE_MODES[mode]}"
-        if "oxygen" in eng:
-            o = eng["oxygen"]
-            head += (f"; median deadline {o['deadline_ms']:.0f} ms, {o['deadline_misses']} misses, worst overrun "
-                     f"{o['deadline_overrun_ms_max']:.0f} ms, frame / deadline median "
-                     f"{o['frame_over_deadline_median']:.2f} p99 {o['frame_over_deadline_p99']:.2f}.")
-    head += " Host drift (p99 / median of prefill + denoise, the same work in every frame): " + ", ".join(
-        f"{n} {e['action_part_p99_over_median']:.2f}" for n, e in eng.items()) + "."
-    lines = [head, "", "| engine | k | action Hz (mean) | action Hz (median) | frame ms median | p99 | p99/median "
-             "| stalls | deadline misses | tokens/s | x isolated Hz (mean / median) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
-    ratios = res["ratios"]
-    for name, s in eng.items():
-        key = f"{name}_over_isolated_action_hz"
-        x = (f"{ratios[key]:.2f}x / {ratios[key + '_median']:.2f}x" if key in ratios
-             else ("1.00x" if name == "isolated" else "-"))
-        k = f"{s['k']} ({s['deadline_ms']:.0f} ms)" if s["deadline_ms"] else (s["k"] if s["k"] is not None else "-")
-        misses = s["deadline_misses"] if s["deadline_misses"] is not None else "-"
-        lines.append(f"| {name} | {k} | {s['action_hz']:.2f} | {s['action_hz_median']:.2f} | "
-                     f"{s['frame_ms_median']:.0f} | {s['frame_ms_p99_without_stalls']:.0f} | "
-                     f"{s['p99_over_median']:.2f} | {s['host_stalls']} | {misses} | {s['tokens_per_s']:.1f} | {x} |")
-    lines += ["", "| engine | stream | requests | latency frames p50 / p99 | latency s p50 / p99 |",
-              "|---|---|---|---|---|"]
-    for name, s in eng.items():
-        for stream, st in s["streams"].items():
-            if not st["finished"]:
-                lines.append(f"| {name} | {stream} | 0 / {st['submitted']} | - | - |")
-                continue
-            lines.append(f"| {name} | {stream} | {st['finished']} / {st['submitted']} | "
-                         f"{st['latency_frames_p50']:g} / {st['latency_frames_p99']:g} | "
-                         f"{st['latency_s_p50']:.2f} / {st['latency_s_p99']:.2f} |")
-    texts = res["texts_vs_isolated"]
-    if texts:
-        lines += ["", "Texts vs isolated: " + ", ".join(
-            f"{n} {'identical' if t['identical'] else 'DIFFERENT'} ({t['compared']} requests, {t['differ']} differ, "
-            f"{t['missing']} missing)" for n, t in texts.items())]
-    if res["targets"]:
-        lines += ["", "| target | value | threshold | result |", "|---|---|---|---|"]
-        for t in res["targets"]:
-            lines.append(f"| {t['name']} | {t['value']:.2f} | {t['op']} {t['threshold']} | "
-                         f"{'PASS' if t['pass'] else 'FAIL'} |")
-    return "\n".join(lines)
-
-
-def write_results(res: dict, out: Path) -> str:
-    """``out/results.json``, ``out/summary.md`` and the plots (where matplotlib is installed); returns the tables."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    table = markdown(res)
-    (out / "summary.md").write_text(table + "\n")
-    try:
-        from oxygen_ros.bench.streams_plots import plot_streams
-    except ImportError:
-        print("matplotlib is not installed: no plots")
-    else:
-        plot_streams(res, out)
-    return table
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """The command line of ``oxygen-bench streams``."""
     ap = argparse.ArgumentParser(prog="oxygen-bench streams", description=__doc__,
@@ -535,11 +457,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--calibration-frames", type=int, default=5, help="no-language frames timed for the deadline")
     ap.add_argument("--question-rate", type=float, default=0.4, help="mean questions per frame (Poisson)")
     ap.add_argument("--S", type=int, default=10, help="denoise steps")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES))
-    ap.add_argument("--no-onednn", action="store_true", help="keep plain F.linear on CPU")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--seed", type=int, default=0)
+    add_model_args(ap)
     ap.add_argument("--max-minutes", type=float, default=None,
                     help="stop measuring after this long (a shared host: every engine keeps the same frame count)")
     ap.add_argument("--out", type=Path, default=Path("runs/streams"))
@@ -549,13 +467,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict:
     """``oxygen-bench streams``: build the model, run the workload on every engine, write JSON, tables, plots."""
     a = parse_args(argv)
-    if a.threads:
-        torch.set_num_threads(a.threads)
-    device = torch.device(a.device)
-    model, onednn = build_model(a.config, a.preset, device, resolve_dtype(a.dtype, device), seed=a.seed,
-                                onednn=not a.no_onednn, num_steps=a.S)
-    print(f"model {model.config.name}/{a.preset}: {model.num_parameters() / 1e6:.1f}M parameters on {device} "
-          f"{dtype_name(model.dtype)}, oneDNN linear: {onednn}")
+    model, onednn = model_from_args(a, num_steps=a.S)
     streams = tuple(dataclasses.replace(s, rate=a.question_rate) if s.rate else s for s in REFERENCE_STREAMS)
     k: int | str = a.k if a.k == "auto" else int(a.k)
     t0 = time.perf_counter()
@@ -563,7 +475,7 @@ def main(argv: list[str] | None = None) -> dict:
                       a.calibration_frames, seed=a.seed, max_s=60 * a.max_minutes if a.max_minutes else None,
                       deadline_mode=a.deadline_mode, deadline_window=a.deadline_window)
     cfg = model.config
-    res = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(device),
+    res = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "machine": machine_info(torch.device(a.device)),
            "config": {"model": cfg.name, "preset": a.preset, "parameters": model.num_parameters(),
                       "dtype": dtype_name(model.dtype), "onednn_linear": onednn, "S": cfg.num_steps,
                       "H": cfg.action_horizon},

@@ -13,7 +13,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from oxygen_ros.bench.plots import COLORS, plot_bench  # noqa: E402
+from oxygen_ros.bench.plots import plot_bench  # noqa: E402
+from oxygen_ros.bench.report import COLORS, save_figure  # noqa: E402
 from oxygen_ros.bench.sweep_report import row  # noqa: E402
 
 STAGE_COLORS = {"prefill_ms": "tab:blue", "language_prefill_ms": "tab:cyan", "denoise_ms": "tab:red",
@@ -23,14 +24,6 @@ STAGE_COLORS = {"prefill_ms": "tab:blue", "language_prefill_ms": "tab:cyan", "de
 def _name(r: dict) -> str:
     k = f" k={r['k']}" if r["k"] is not None else ""
     return f"{r['engine']}{k}"
-
-
-def _save(fig, path: Path, tight: bool = True) -> Path:
-    if tight:
-        fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def _lines(ax, rows: list[dict], x: str, y: str) -> None:
@@ -58,7 +51,7 @@ def plot_headline(rows: list[dict], title: str, path: Path) -> Path:
         ax.set_ylabel(unit)
         ax.tick_params(axis="x", labelsize=7)
     fig.suptitle(f"Headline points (ratios vs isolated at the same N): {title}", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_speedup(maps: dict, axis: str, title: str, path: Path) -> Path:
@@ -83,22 +76,31 @@ def plot_speedup(maps: dict, axis: str, title: str, path: Path) -> Path:
         ax.set_title(preset)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8)
     fig.suptitle(f"Action-frequency speedup of oxygen over isolated: {title}", fontsize=10)
-    return _save(fig, path, tight=False)  # constrained layout places the shared colour bar
+    return save_figure(fig, path, tight=False)  # constrained layout places the shared colour bar
+
+
+def _line_plot(rows: list[dict], x: str, y: str, labels: tuple[str, str, str], path: Path,
+               oracle: float | None = None) -> Path:
+    """:func:`_lines` of ``rows`` on one axis; ``labels``: x label, y label, title; ``oracle``: a dash-dotted
+    no-language line."""
+    fig, ax = plt.subplots(figsize=(6, 4.2))
+    _lines(ax, rows, x, y)
+    if oracle is not None:
+        ax.axhline(oracle, ls="-.", color="k", label="no language (oracle)")
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+    ax.set_title(labels[2], fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save_figure(fig, path)
 
 
 def plot_ablation(rows: list[dict], title: str, path: Path) -> Path:
     """Fig 6: action Hz across N for isolated / shared_kv / oxygen k=5, the no-language oracle dash-dotted."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
     oracle = [r for r in rows if r["N"] == 0]
-    _lines(ax, [r for r in rows if r["N"] > 0], "N", "action_hz")
-    if oracle:
-        ax.axhline(oracle[0]["action_hz"], ls="-.", color="k", label="no language (oracle)")
-    ax.set_xlabel("tokens per request N")
-    ax.set_ylabel("action frequency (Hz)")
-    ax.set_title(f"Ablation (k=5): {title}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _line_plot([r for r in rows if r["N"] > 0], "N", "action_hz",
+                      ("tokens per request N", "action frequency (Hz)", f"Ablation (k=5): {title}"), path,
+                      oracle[0]["action_hz"] if oracle else None)
 
 
 def plot_arrivals(rows: list[dict], title: str, path: Path) -> Path:
@@ -117,7 +119,7 @@ def plot_arrivals(rows: list[dict], title: str, path: Path) -> Path:
     for ax in axes:
         ax.tick_params(axis="x", labelsize=7, rotation=30)
     fig.suptitle(f"Arrival patterns (oxygen k=5): {title}", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_overhead(rows: list[dict], title: str, path: Path) -> Path:
@@ -130,7 +132,7 @@ def plot_overhead(rows: list[dict], title: str, path: Path) -> Path:
     ax.set_ylabel("manager share of frame time (%)")
     ax.set_title(f"KV-manager overhead (N=30): {title}", fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_memory(rows: list[dict], title: str, path: Path) -> Path:
@@ -147,7 +149,7 @@ def plot_memory(rows: list[dict], title: str, path: Path) -> Path:
     ax.set_ylabel("GiB")
     ax.set_title(f"Memory per engine (N=30): {title}", fontsize=10)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_stages(rows: list[dict], profile: dict | None, title: str, path: Path) -> Path:
@@ -171,7 +173,7 @@ def plot_stages(rows: list[dict], profile: dict | None, title: str, path: Path) 
     axes[1].set_xlabel("decode batch")
     axes[1].set_ylabel("ms per decode step")
     fig.suptitle(f"Stage breakdown: {title}", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_auto(records: list[dict], title: str, path: Path) -> Path:
@@ -191,19 +193,14 @@ def plot_auto(records: list[dict], title: str, path: Path) -> Path:
     axes[1].set_xlabel("frame (warm-up included)")
     axes[0].legend(fontsize=8, ncol=3)
     axes[0].set_title(f"k=auto vs fixed k, bursty arrivals: {title}", fontsize=10)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_heads(rows: list[dict], title: str, path: Path) -> Path:
     """More action experts reading one prefix: speedup over isolated at each E."""
-    fig, ax = plt.subplots(figsize=(6, 4.2))
-    _lines(ax, [r for r in rows if r["engine"] == "oxygen"], "E", "speedup")
-    ax.set_xlabel("action experts E (the paper counts the language expert too: E + 1)")
-    ax.set_ylabel("speedup over isolated (N=30)")
-    ax.set_title(f"Multiple action experts: {title}", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return _save(fig, path)
+    return _line_plot([r for r in rows if r["engine"] == "oxygen"], "E", "speedup",
+                      ("action experts E (the paper counts the language expert too: E + 1)",
+                       "speedup over isolated (N=30)", f"Multiple action experts: {title}"), path)
 
 
 ROW_PLOTS: dict[str, Callable[[list[dict], str, Path], Path]] = {

@@ -11,7 +11,7 @@ import sys
 
 import torch
 
-from oxygen_ros.bench.models import DTYPES, resolve_dtype
+from oxygen_ros.bench.models import add_model_args, resolve_dtype
 from oxygen_ros.bench.profile import format_profile, profile_config
 from oxygen_ros.engine import get_config
 
@@ -21,13 +21,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="small", help="model config: tiny, small, pi05")
     ap.add_argument("--preset", default="libero", help="workload preset: libero, droid, aloha")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--dtype", default=None, choices=sorted(DTYPES), help="default: float32 on CPU, bfloat16 on GPU")
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8, 16, 32])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--prompt-len", type=int, default=None, help="valid prompt tokens (default: max_token_len)")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--no-onednn", action="store_true", help="keep plain F.linear on CPU (default: oneDNN)")
+    add_model_args(ap, seed=False)
     ap.add_argument("--lora-rank", type=int, default=0,
                     help="also time decode steps with a random suffix LoRA of this rank on every projection")
     ap.add_argument("--json", default=None, help="also write the result to this JSON file")
