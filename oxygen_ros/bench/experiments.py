@@ -37,9 +37,9 @@ from oxygen_ros.bench.paired import medians_ms, paired, ratio
 from oxygen_ros.bench.report import save_figure, subplots, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine import KVCache, Observation, Pi05Model
-from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.backends.graphs import FrameGraphs
 from oxygen_ros.engine.backends.precision import apply_precision
+from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.requests import Frame
 from oxygen_ros.engine.rtc import RTCConfig, RTCGuide, RTCPrefix
 from oxygen_ros.engine.timing import synchronize
