@@ -12,8 +12,8 @@ result writer (``report.write_run``: ``results.json``, ``summary.md``, a PNG)::
   compacted; also how far the compacted actions move and whether the padded fused path equals the eager reference.
 - ``rtc_cost`` (``--out`` required): what real-time chunking costs the denoise: without guidance, ``identity`` and
   ``vjp`` side by side on each path the engine has (``eager``, ``fused``, ``static``: the static-shape step of
-  ``engine/graphs.py``), the paper's settings (exp schedule, beta 5, the whole remainder guided); a variant's cost
-  is the median over rounds of its time over the same round's unguided time on the same path (``vjp`` against
+  ``engine/backends/graphs.py``), the paper's settings (exp schedule, beta 5, the whole remainder guided); a
+  variant's cost is the median over rounds of its time over the same round's unguided time on the same path (``vjp`` against
   ``fused`` and ``eager``).
 """
 
