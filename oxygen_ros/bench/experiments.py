@@ -13,8 +13,8 @@ result writer (``report.write_run``: ``results.json``, ``summary.md``, a PNG)::
 - ``rtc_cost`` (``--out`` required): what real-time chunking costs the denoise: without guidance, ``identity`` and
   ``vjp`` side by side on each path the engine has (``eager``, ``fused``, ``static``: the static-shape step of
   ``engine/backends/graphs.py``), the paper's settings (exp schedule, beta 5, the whole remainder guided); a
-  variant's cost is the median over rounds of its time over the same round's unguided time on the same path (``vjp`` against
-  ``fused`` and ``eager``).
+  variant's cost is the median over rounds of its time over the same round's unguided time on the same path
+  (``vjp`` against ``fused`` and ``eager``).
 """
 
 from __future__ import annotations
