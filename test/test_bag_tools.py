@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
+from conftest import ros_context as conftest_ros_context
 
 from oxygen_ros.testing.synthetic_scene import DEFAULT_CAMERAS, joint_state, render_scene
 
@@ -170,15 +171,11 @@ def test_make_demo_bag_rejects_bad_args(tmp_path: Path) -> None:
 
 
 @pytest.fixture
-def ros_context(monkeypatch: pytest.MonkeyPatch):
-    """A private rclpy context on a localhost-only, per-process DDS domain."""
-    rclpy = pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
-    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    monkeypatch.setenv("ROS_DOMAIN_ID", str(1 + os.getpid() % 99))
-    ctx = rclpy.Context()
-    rclpy.init(context=ctx)
-    yield ctx
-    rclpy.try_shutdown(context=ctx)
+def ros_context():
+    """A private rclpy context on a localhost-only DDS domain of its own (conftest's preamble)."""
+    require_ros(messages=False)
+    with conftest_ros_context(ros_domain()) as ctx:
+        yield ctx
 
 
 def test_message_class_lookup() -> None:

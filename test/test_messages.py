@@ -4,7 +4,6 @@ Needs rclpy and the built messages (`make setup` runs tools/build_msgs.sh; on a 
 """
 
 import array
-import os
 import time
 import uuid
 
@@ -14,6 +13,7 @@ import pytest
 rclpy = pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
 
 from builtin_interfaces.msg import Duration, Time  # noqa: E402
+from conftest import require_ros, ros_domain  # noqa: E402
 from oxygen_ros.msg import ActionChunk, LanguageOutput  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402
@@ -120,17 +120,17 @@ def _spin_until(executors, done, timeout_s):
     return done()
 
 
-def test_publish_subscribe_over_dds(monkeypatch):
+def test_publish_subscribe_over_dds():
     # two contexts = two DDS participants that have to discover each other; localhost only, own domain
-    monkeypatch.setenv("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
-    monkeypatch.setenv("ROS_DOMAIN_ID", str(100 + os.getpid() % 100))
+    require_ros()
+    domain = ros_domain()
     suffix = uuid.uuid4().hex[:8]
     chunk_topic, text_topic = f"/oxygen_test_{suffix}/action_chunk", f"/oxygen_test_{suffix}/language"
     qos = QoSProfile(depth=10, reliability=ReliabilityPolicy.RELIABLE, durability=DurabilityPolicy.TRANSIENT_LOCAL)
 
     pub_ctx, sub_ctx = rclpy.Context(), rclpy.Context()
-    rclpy.init(context=pub_ctx)
-    rclpy.init(context=sub_ctx)
+    rclpy.init(context=pub_ctx, domain_id=domain)
+    rclpy.init(context=sub_ctx, domain_id=domain)
     executors, nodes = [], []
     try:
         pub_node = rclpy.create_node(f"oxygen_test_pub_{suffix}", context=pub_ctx)
