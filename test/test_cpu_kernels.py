@@ -65,6 +65,18 @@ def test_packed_weight_matches_linear_eager_and_compiled(bias: bool) -> None:
 
 
 @pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
+def test_bfloat16_packing_is_offered_only_where_this_cpu_runs_it() -> None:
+    """An AVX2-only CPU refuses to reorder a bfloat16 weight: packed_available says so, and the engine's kernels
+    stay plain there instead of failing at load."""
+    w, x = torch.randn(32, 16).to(torch.bfloat16), torch.randn(4, 16).to(torch.bfloat16)
+    if packed_available(torch.bfloat16):
+        torch.testing.assert_close(PackedWeight(w)(x), torch.nn.functional.linear(x, w), atol=2e-2, rtol=2e-2)
+    else:
+        with pytest.raises(RuntimeError):
+            PackedWeight(w)(x)
+
+
+@pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
 def test_packed_operator_refuses_released_weights() -> None:
     pw = PackedWeight(torch.randn(8, 4))
     key = pw.key
@@ -150,7 +162,8 @@ def test_engine_kernels_setting_gives_the_same_actions_and_tokens(tmp_path) -> N
         assert all((a - b).abs().max() <= 1e-5 for a, b in zip(out[how][0], out["plain"][0], strict=True))
 
 
-@pytest.mark.skipif(not packed_available(), reason="this torch build has no oneDNN reordered-weight linear")
+@pytest.mark.skipif(not packed_available(torch.bfloat16),
+                    reason="this CPU has no oneDNN bfloat16 linear (needs AVX512-BW/VL/DQ or AVX-NE-CONVERT)")
 def test_islands_keep_packed_weights_only_where_bit_identical(tmp_path, monkeypatch) -> None:
     """Under openpi's roundings (``bfloat16_islands``) ``kernels: auto`` checks each stage's packed output against
     the plain one bit for bit, and the engine's actions stay the eager islands reference's exactly, whatever it keeps.

@@ -72,7 +72,7 @@ class FusedLinear:
         """Keep a oneDNN-packed copy for the calls ``policy`` names (fp32 or bf16 on CPU only; ``packed_linear``)."""
         w = self.weight
         self.policy = policy or PackPolicy()
-        if w.dtype in PACKED_DTYPES and w.device.type == "cpu" and packed_available():
+        if w.dtype in PACKED_DTYPES and w.device.type == "cpu" and packed_available(w.dtype):
             self._packed = PackedWeight(w, self.bias)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:

@@ -191,7 +191,7 @@ def _key(backbone: GemmaStack, experts: list[GemmaStack], rows: dict[str, int]) 
 
 def _applicable(stack: GemmaStack) -> bool:
     w = fused_stack(stack).qkv[0].weight
-    return w.device.type == "cpu" and w.dtype in PACKED_DTYPES and packed_available()
+    return w.device.type == "cpu" and w.dtype in PACKED_DTYPES and packed_available(w.dtype)
 
 
 def choose(model, heads: list[HeadParts], num_steps: int, how: str = "auto",

@@ -14,6 +14,7 @@ compiler, so a compiled graph keeps the packed kernel instead of planning a GEMM
 
 from __future__ import annotations
 
+import functools
 import itertools
 import weakref
 
@@ -25,9 +26,24 @@ _REGISTRY: weakref.WeakValueDictionary[int, PackedWeight] = weakref.WeakValueDic
 _KEYS = itertools.count()
 
 
-def packed_available() -> bool:
-    """Whether this torch build has oneDNN's reordered-weight linear."""
-    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+def packed_available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether this torch build has oneDNN's reordered-weight linear for ``dtype`` on this CPU: bfloat16 needs
+    AVX512-BW/VL/DQ or AVX-NE-CONVERT (an AVX2-only CPU refuses to reorder a bfloat16 weight)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    return dtype != torch.bfloat16 or _bf16_supported()
+
+
+@functools.cache
+def _bf16_supported() -> bool:
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    if check is not None:
+        return bool(check())
+    try:  # an older build without the query: try one reorder
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16), MANY_ROWS_HINT)
+    except RuntimeError:
+        return False
+    return True
 
 
 class PackedWeight:
