@@ -48,6 +48,7 @@ from std_msgs.msg import String  # noqa: E402
 from oxygen_ros.ros.dds import PROFILE_ENV_VARS  # noqa: E402
 
 LAUNCH_TIMEOUT_S = 150  # per test: bring-up, the test, shutdown (a healthy one takes 10-30 s here)
+MARKS = [pytest.mark.ros, pytest.mark.slow, pytest.mark.timeout(LAUNCH_TIMEOUT_S)]  # every launch test module's
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCH_FILE = REPO / "launch" / "oxygen.launch.py"

@@ -37,9 +37,8 @@ from launch_support import (
     wait_for,
 )
 
-pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.timeout(launch_support.LAUNCH_TIMEOUT_S)]
-# the shared fixtures (launch_support): each launch test in its own ROS domain and environment
-ros_environment, recorder = launch_support.ros_environment, launch_support.recorder
+pytestmark = launch_support.MARKS
+ros_environment, recorder = launch_support.ros_environment, launch_support.recorder  # the shared fixtures
 
 from ament_index_python.packages import get_package_share_directory  # noqa: E402
 from lifecycle_msgs.msg import Transition  # noqa: E402

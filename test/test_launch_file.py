@@ -19,9 +19,8 @@ from launch_support import (
     venv_prefix,
 )
 
-pytestmark = [pytest.mark.ros, pytest.mark.slow, pytest.mark.timeout(launch_support.LAUNCH_TIMEOUT_S)]
-# the shared fixtures (launch_support): each launch test in its own ROS domain and environment
-ros_environment, recorder = launch_support.ros_environment, launch_support.recorder
+pytestmark = launch_support.MARKS
+ros_environment, recorder = launch_support.ros_environment, launch_support.recorder  # the shared fixtures
 
 
 # ---------------------------------------------------------------------------------------------- without processes
