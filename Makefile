@@ -82,7 +82,8 @@ test: setup
 # wheels), the colcon install space (test_colcon.py), the rosdep keys, oxygen-doctor, the chunk executor (its
 # simulated-time process tests, lifecycle and real-time settings), the one process main and the ~/run task action.
 JAZZY_TESTS ?= test/test_messages.py test/test_node_process.py test/test_node_bad_input.py test/test_safety.py \
-	test/test_node_rtc.py test/test_ask_action.py test/test_bag_tools.py test/test_launch.py test/test_colcon.py \
+	test/test_node_rtc.py test/test_ask_action.py test/test_bag_tools.py test/test_launch.py test/test_launch_file.py \
+	test/test_launch_respawn.py test/test_colcon.py \
 	test/test_rosdep_keys.py test/test_doctor.py test/test_executor_process.py test/test_executor_lifecycle.py \
 	test/test_executor_realtime.py test/test_process_main.py test/test_run_action.py
 test-jazzy:

@@ -38,7 +38,7 @@ environment variables do not leak into an including launch description.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from launch.actions import DeclareLaunchArgument, GroupAction, LogInfo, OpaqueFunction, SetEnvironmentVariable
 from launch.launch_context import LaunchContext
@@ -54,36 +54,48 @@ from oxygen_ros.toy.world import CAMERAS as SIM_CAMERAS  # the tabletop simulato
 PACKAGE = "oxygen_ros"
 EXECUTABLE = "oxygen_node"
 
-# (name, default, description)
-ARGUMENTS: list[tuple[str, Any, str]] = [
-    ("config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "tabletop.yaml"]),
-     "ROS parameters file (see share/oxygen_ros/config: tabletop, libero, droid, aloha, humanoid, synthetic)"),
-    ("checkpoint_path", "", "pi0.5 checkpoint directory; overrides the config file's checkpoint_path (and its "
-     "embedded model) when set"),
-    ("use_sim_time", "false", "follow /clock (bag replay, simulation)"),
-    ("namespace", "", "namespace of the node (relative topics such as joint_states and instruction move with it)"),
-    ("node_name", "oxygen", "name of the node (its outputs are ~/action_chunk, ~/language_output, ~/trajectory)"),
-    ("autostart", "true", "configure and activate at startup; false: wait for lifecycle transitions"),
-    ("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
-     "where ~/trajectory is remapped to (ros2_control's joint_trajectory_controller input)"),
-    ("log_level", "info", "ROS log level of the node"),
-    ("with_sim", "false", "also start the tabletop simulator (tabletop_sim) as the robot: closed-loop demo (the "
-     "node's cameras are wired to the simulator's; with use_sim_time the simulator publishes /clock)"),
-    ("with_executor", "false", "also start the chunk executor (oxygen_executor, its own process): the node's chunks "
-     "as timed, limited setpoints at the controller's rate (docs/executor.md)"),
-    ("executor_config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "executor.yaml"]),
-     "the executor's parameters (output, output_topic, output_joints, switch, interpolation, ...)"),
-    ("respawn", "false", "restart the node (and the executor) when its process dies (a crash, an OOM kill): the "
-     "respawned node configures and activates itself (autostart) with the same parameters (docs/tasks.md)"),
-    ("respawn_delay", "2.0", "seconds between a process's death and its restart (respawn:=true)"),
-    ("node_cpus", "", "CPUs of the node's process, e.g. '4-13' (taskset -c; torch_threads set to their "
-     "number); '' = any"),
-    ("executor_cpus", "", "CPUs of the executor's command loop thread (rt.cpus), e.g. '1'; '' = the config file's"),
-    ("executor_rt_priority", "", "SCHED_FIFO priority of the executor's command loop thread (rt.priority), e.g. "
-     "'80'; '' = the config file's"),
-    ("dds_profile", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", PROFILE_FILE_NAME]),
-     "Fast DDS profile for the started processes (sized for raw camera images); '' = none; a profile that the "
-     "environment already names (FASTDDS_DEFAULT_PROFILES_FILE) is kept"),
+
+class Argument(NamedTuple):
+    """One launch argument, declared as ``DeclareLaunchArgument(name, default_value=default, description=...)``."""
+
+    name: str
+    default: Any
+    description: str
+
+
+ARGUMENTS: list[Argument] = [
+    Argument("config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "tabletop.yaml"]),
+             "ROS parameters file (see share/oxygen_ros/config: tabletop, libero, droid, aloha, humanoid, synthetic)"),
+    Argument("checkpoint_path", "", "pi0.5 checkpoint directory; overrides the config file's checkpoint_path (and "
+             "its embedded model) when set"),
+    Argument("use_sim_time", "false", "follow /clock (bag replay, simulation)"),
+    Argument("namespace", "", "namespace of the node (relative topics such as joint_states and instruction move "
+             "with it)"),
+    Argument("node_name", "oxygen", "name of the node (its outputs are ~/action_chunk, ~/language_output, "
+             "~/trajectory)"),
+    Argument("autostart", "true", "configure and activate at startup; false: wait for lifecycle transitions"),
+    Argument("trajectory_topic", "/joint_trajectory_controller/joint_trajectory",
+             "where ~/trajectory is remapped to (ros2_control's joint_trajectory_controller input)"),
+    Argument("log_level", "info", "ROS log level of the node"),
+    Argument("with_sim", "false", "also start the tabletop simulator (tabletop_sim) as the robot: closed-loop demo "
+             "(the node's cameras are wired to the simulator's; with use_sim_time the simulator publishes /clock)"),
+    Argument("with_executor", "false", "also start the chunk executor (oxygen_executor, its own process): the "
+             "node's chunks as timed, limited setpoints at the controller's rate (docs/executor.md)"),
+    Argument("executor_config_file", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", "executor.yaml"]),
+             "the executor's parameters (output, output_topic, output_joints, switch, interpolation, ...)"),
+    Argument("respawn", "false", "restart the node (and the executor) when its process dies (a crash, an OOM "
+             "kill): the respawned node configures and activates itself (autostart) with the same parameters "
+             "(docs/tasks.md)"),
+    Argument("respawn_delay", "2.0", "seconds between a process's death and its restart (respawn:=true)"),
+    Argument("node_cpus", "", "CPUs of the node's process, e.g. '4-13' (taskset -c; torch_threads set to their "
+             "number); '' = any"),
+    Argument("executor_cpus", "", "CPUs of the executor's command loop thread (rt.cpus), e.g. '1'; '' = the "
+             "config file's"),
+    Argument("executor_rt_priority", "", "SCHED_FIFO priority of the executor's command loop thread "
+             "(rt.priority), e.g. '80'; '' = the config file's"),
+    Argument("dds_profile", PathJoinSubstitution([FindPackageShare(PACKAGE), "config", PROFILE_FILE_NAME]),
+             "Fast DDS profile for the started processes (sized for raw camera images); '' = none; a profile that "
+             "the environment already names (FASTDDS_DEFAULT_PROFILES_FILE) is kept"),
 ]
 
 
@@ -236,7 +248,6 @@ def _launch_setup(context: LaunchContext, *args: Any, **kwargs: Any) -> list[Gro
 def generate_launch_description() -> LaunchDescription:
     """Entry point of ``ros2 launch oxygen_ros oxygen.launch.py``."""
     return LaunchDescription(
-        [DeclareLaunchArgument(name, default_value=default, description=description)
-         for name, default, description in ARGUMENTS]
+        [DeclareLaunchArgument(a.name, default_value=a.default, description=a.description) for a in ARGUMENTS]
         + [OpaqueFunction(function=_launch_setup)]
     )

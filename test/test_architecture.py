@@ -46,6 +46,13 @@ def test_the_layers_hold() -> None:
     ("engine/_probe.py", "from oxygen_ros.engine.backends.fusion import fused_stack\n",
      "the engine's core reaches the backends only through their selection point"),
     ("policy/_probe.py", "import oxygen_ros.study\n", "no production room imports study"),
+    ("evaluation/_probe.py", "import oxygen_ros.serve\n", "evaluation (bag evaluation, demo bags, replay) imports"),
+    ("testing/_probe.py", "import oxygen_ros.evaluation\n", "testing (test and demo support) imports only ros"),
+    ("bench/_probe.py", "import oxygen_ros.testing.fault_injection\n", "bench (the benchmarks) imports every room"),
+    ("tools/_probe.py", "import oxygen_ros.testing.fault_injection\n", "tools (command-line entry points) may"),
+    ("toy/sim/_probe.py", "import oxygen_ros.toy.train\n", "toy/sim (the simulator node) imports only"),
+    ("toy/train/_probe.py", "import rclpy\n", "toy/train (demonstrations, training, evaluation of the toy model)"),
+    ("toy/demo/_probe.py", "import oxygen_ros.toy.train\n", "toy/demo (the closed-loop demo) imports only"),
 ])
 def test_a_forbidden_import_breaks_a_contract(tmp_path: Path, module: str, line: str, contract: str) -> None:
     root = tmp_path / "repo"

@@ -17,12 +17,19 @@ class VisionConfig:
     """SigLIP vision tower."""
 
     width: int = 1152
+    """Hidden size of each patch token (SigLIP So400m: 1152)."""
     depth: int = 27
+    """Encoder layers."""
     mlp_dim: int = 4304
+    """Hidden size of each layer's MLP."""
     num_heads: int = 16
+    """Attention heads per layer (head size = width / num_heads)."""
     patch_size: int = 14
+    """Side of a square patch, in pixels: one patch is one image token."""
     image_size: int = 224
+    """Side of the square input image, in pixels."""
     layer_norm_eps: float = 1e-6
+    """LayerNorm epsilon."""
 
     @property
     def tokens_per_image(self) -> int:
@@ -34,13 +41,21 @@ class GemmaConfig:
     """One Gemma transformer stack (the backbone or the action expert)."""
 
     width: int
+    """Hidden size (the residual stream's width)."""
     depth: int
+    """Transformer layers (the backbone and the action expert must have as many: one joint attention a layer)."""
     mlp_dim: int
+    """Hidden size of each layer's gated MLP."""
     num_heads: int = 8
+    """Query heads per layer."""
     num_kv_heads: int = 1
+    """Key/value heads per layer (1: multi-query attention); num_heads is a multiple of it."""
     head_dim: int = 256
+    """Size of one attention head; independent of width (the action expert shares the backbone's heads)."""
     rope_theta: float = 10000.0
+    """Base of the rotary position embedding's frequencies."""
     rms_eps: float = 1e-6
+    """RMSNorm epsilon."""
 
 
 @dataclass(frozen=True)
@@ -48,20 +63,30 @@ class Pi05Config:
     """pi0.5: PaliGemma (SigLIP + Gemma) backbone + Gemma action expert with adaRMSNorm time conditioning."""
 
     name: str
+    """The size's name (a key of :data:`MODEL_CONFIGS` for the built-in ones)."""
     vision: VisionConfig
     backbone: GemmaConfig
+    """PaliGemma's Gemma: the image and prompt tokens (and the language outputs)."""
     expert: GemmaConfig
+    """The action expert: the action tokens, attending jointly with the backbone layer by layer."""
     vocab_size: int = 257152
+    """Token vocabulary (PaliGemma's tokenizer: 257152)."""
     action_dim: int = 32
+    """Width of one action (and of the state) inside the model; a robot's fewer dimensions are zero-padded."""
     action_horizon: int = 10
+    """Actions per chunk (H)."""
     max_token_len: int = 200
+    """Prompt tokens (the language part of the prefix, padded to this length)."""
     camera_names: tuple[str, ...] = CAMERA_SLOTS
+    """The camera slots the model sees, in prefix order."""
     num_steps: int = 10
-    # LM head shares the token embedding (openpi); LeRobot >= 0.5 fine-tunes may store two different tensors.
+    """Euler steps of the flow-matching denoise per chunk."""
     tie_word_embeddings: bool = True
-    # Euler times: "accumulate" = openpi (t += dt in float32); "exact" = LeRobot (t_k = float32(1 + k * dt)).
+    """LM head shares the token embedding (openpi); LeRobot >= 0.5 fine-tunes may store two different tensors."""
     time_schedule: str = "accumulate"
+    """Euler times: "accumulate" = openpi (t += dt in float32); "exact" = LeRobot (t_k = float32(1 + k * dt))."""
     extra: dict = field(default_factory=dict, compare=False)
+    """Anything else a caller keeps with the config: not compared, not in :meth:`to_dict`."""
 
     def __post_init__(self) -> None:
         b, e = self.backbone, self.expert

@@ -114,6 +114,14 @@ class PromptTokenizer:
 
     In production this wraps PaliGemma's tokenizer (256000 text pieces + 1024 ``<loc>`` + 128 ``<seg>``,
     PAD 0, EOS 1, BOS 2); tests use a small model from ``oxygen_ros.engine.small_tokenizer``.
+
+    Attributes:
+        model_path: The SentencePiece model file in use.
+        vocab_size: Number of pieces in the model (257152 for PaliGemma).
+        pad_id: Padding id (0).
+        eos_id: End-of-sequence id (1).
+        bos_id: Beginning-of-sequence id (2).
+        max_token_len: Length of padded action prompts.
     """
 
     def __init__(self, path: str | os.PathLike[str], max_token_len: int = DEFAULT_MAX_TOKEN_LEN) -> None:
@@ -130,50 +138,19 @@ class PromptTokenizer:
         """
         if max_token_len < 1:
             raise ValueError(f"max_token_len must be >= 1, got {max_token_len}")
-        self._path = _resolve_model_path(path)
-        self._sp = spm.SentencePieceProcessor(model_file=str(self._path))
-        self._max_token_len = int(max_token_len)
-        expected = {
-            "pad": (self._sp.pad_id(), PAD_ID),
-            "eos": (self._sp.eos_id(), EOS_ID),
-            "bos": (self._sp.bos_id(), BOS_ID),
-        }
+        self.model_path: Path = _resolve_model_path(path)
+        self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+        self.max_token_len = int(max_token_len)
+        expected = {"pad": (self._sp.pad_id(), PAD_ID), "eos": (self._sp.eos_id(), EOS_ID),
+                    "bos": (self._sp.bos_id(), BOS_ID)}
         wrong = {k: got for k, (got, want) in expected.items() if got != want}
         if wrong:
             raise ValueError(
-                f"tokenizer {self._path} has special ids {wrong}; expected PaliGemma's pad=0, eos=1, bos=2"
+                f"tokenizer {self.model_path} has special ids {wrong}; expected PaliGemma's pad=0, eos=1, bos=2"
             )
+        self.pad_id, self.eos_id, self.bos_id = PAD_ID, EOS_ID, BOS_ID  # the model's own: checked just above
+        self.vocab_size = int(self._sp.get_piece_size())
         self._warned_truncation = False
-
-    @property
-    def model_path(self) -> Path:
-        """The SentencePiece model file in use."""
-        return self._path
-
-    @property
-    def vocab_size(self) -> int:
-        """Number of pieces in the model (257152 for PaliGemma)."""
-        return int(self._sp.get_piece_size())
-
-    @property
-    def pad_id(self) -> int:
-        """Padding id (0)."""
-        return int(self._sp.pad_id())
-
-    @property
-    def eos_id(self) -> int:
-        """End-of-sequence id (1)."""
-        return int(self._sp.eos_id())
-
-    @property
-    def bos_id(self) -> int:
-        """Beginning-of-sequence id (2)."""
-        return int(self._sp.bos_id())
-
-    @property
-    def max_token_len(self) -> int:
-        """Length of padded action prompts."""
-        return self._max_token_len
 
     def encode(self, text: str, add_bos: bool = False) -> list[int]:
         """Encode ``text`` with SentencePiece (no normalisation beyond the model's own)."""
@@ -213,7 +190,7 @@ class PromptTokenizer:
                 raise ValueError(f"state must be 1-D, got shape {bins.shape}")
             state_str = " ".join(map(str, bins.tolist()))
             tokens = self.encode(f"Task: {cleaned}, State: {state_str};\n{tail}", add_bos=True)
-            if keep_state and len(tokens) > self._max_token_len:
+            if keep_state and len(tokens) > self.max_token_len:
                 tokens, instruction_cut = self._cut_instruction(cleaned, state_str, len(tokens), tail), True
         elif sub:
             raise ValueError("a subtask needs the pi0.5 prompt format (a state in the prompt)")
@@ -222,7 +199,7 @@ class PromptTokenizer:
             tokens = self.encode(cleaned, add_bos=True) + self.encode("\n")
 
         n = len(tokens)
-        truncated = n > self._max_token_len
+        truncated = n > self.max_token_len
         if truncated:
             # Warn once per instance: the same prompt usually repeats every control step.
             if not self._warned_truncation:
@@ -230,16 +207,16 @@ class PromptTokenizer:
                     "action prompt has %d tokens, truncating to max_token_len=%d "
                     "(the end of the prompt is lost; further truncations are logged at debug level)",
                     n,
-                    self._max_token_len,
+                    self.max_token_len,
                 )
                 self._warned_truncation = True
             else:
-                logger.debug("action prompt truncated from %d to %d tokens", n, self._max_token_len)
-            tokens = tokens[: self._max_token_len]
+                logger.debug("action prompt truncated from %d to %d tokens", n, self.max_token_len)
+            tokens = tokens[: self.max_token_len]
         num = len(tokens)
-        ids = np.full(self._max_token_len, PAD_ID, dtype=np.int64)
+        ids = np.full(self.max_token_len, PAD_ID, dtype=np.int64)
         ids[:num] = tokens
-        mask = np.zeros(self._max_token_len, dtype=bool)
+        mask = np.zeros(self.max_token_len, dtype=bool)
         mask[:num] = True
         return TokenizedPrompt(ids=ids, mask=mask, truncated=truncated, num_tokens=num, instruction_cut=instruction_cut)
 
@@ -247,11 +224,11 @@ class PromptTokenizer:
         """The action prompt with the instruction cut to the longest token prefix that lets the whole fit
         (``tail``: what follows the state line, ``"Action: "`` or the subtask line and ``"Action: "``)."""
         ids = self.encode(cleaned)
-        keep = max(0, len(ids) - (n_tokens - self._max_token_len))
+        keep = max(0, len(ids) - (n_tokens - self.max_token_len))
         while True:
             cut = self._sp.decode(ids[:keep]).strip()
             tokens = self.encode(f"Task: {cut}, State: {state_str};\n{tail}", add_bos=True)
-            if len(tokens) <= self._max_token_len or keep == 0:  # re-encoding a prefix can merge differently
+            if len(tokens) <= self.max_token_len or keep == 0:  # re-encoding a prefix can merge differently
                 return tokens
             keep -= 1
 

@@ -207,8 +207,7 @@ def _pool(args: argparse.Namespace, p: RunnerParams, stream_params: Sequence[Str
     engine_config = shared_engine_config(p, tok.eos_id, num_steps=policy.model.config.num_steps, rtc=rtc)
     engine_config.validate()
     streams = language_schedules(p, stream_params)
-    questions = QuestionConfig(p.ask_max_new_tokens or p.max_new_tokens, p.ask_max_prompt_tokens,
-                               p.ask_max_question_chars, p.ask_priority)
+    questions = QuestionConfig.from_options(p)
     pool = SessionPool(policy, lambda: build_engine(policy.model, engine_config, detokenize=tok.decode), streams,
                        seed=p.seed, n_execute=p.actions_per_chunk or None, condition_on=p.subtask_conditioning,
                        questions=questions,

@@ -23,6 +23,7 @@ from oxygen_ros.engine.engine import Engine
 from oxygen_ros.engine.requests import FinishedRequest, FrameResult, LanguageRequest
 from oxygen_ros.policy import Policy, RawObservation
 from oxygen_ros.policy.language import LanguageSchedule, StreamTag
+from oxygen_ros.policy.options import RunnerParams
 from oxygen_ros.policy.rtc import RTCSchedule
 from oxygen_ros.policy.runner import FrameOutput, FrameRunner, seeded_noise, step_batch
 
@@ -43,12 +44,19 @@ class AskTag:
 
 @dataclass(frozen=True)
 class QuestionConfig:
-    """How questions (``"ask"`` in a request) become language requests (the node's ``ask.*`` options)."""
+    """How questions (``"ask"`` in a request) become language requests: the node's ``ask.*`` options, declared
+    once in :class:`~oxygen_ros.policy.options.RunnerParams` (read with :meth:`from_options`)."""
 
-    max_new_tokens: int = 30
-    max_prompt_tokens: int = 48
-    max_chars: int = 1000
-    priority: int = 10
+    max_new_tokens: int
+    max_prompt_tokens: int
+    max_chars: int
+    priority: int
+
+    @staticmethod
+    def from_options(p: RunnerParams) -> QuestionConfig:
+        """The ``ask.*`` options of ``p`` (``ask.max_new_tokens`` 0: ``max_new_tokens``)."""
+        return QuestionConfig(p.ask_max_new_tokens or p.max_new_tokens, p.ask_max_prompt_tokens,
+                              p.ask_max_question_chars, p.ask_priority)
 
 
 @dataclass
@@ -119,7 +127,7 @@ class SessionPool:
         seed: a client's noise seed unless its requests send ``"seed"``.
         n_execute: actions of each chunk returned (None: the checkpoint's ``n_action_steps``).
         condition_on: subtask conditioning on that stream ('' = off).
-        questions: the question options.
+        questions: the question options (None: the ``ask.*`` options' declared defaults).
         key_map: how requests name cameras, state and prompt.
         default_prompt: the prompt of requests without one ('' = required).
         rtc: real-time chunking per client (each client's chunk continues its previous one from the request's
@@ -134,7 +142,7 @@ class SessionPool:
         self.policy, self._factory = policy, engine_factory
         self.engine = engine_factory()
         self.streams, self.seed, self.n_execute, self.condition_on = tuple(streams), seed, n_execute, condition_on
-        self.questions = questions or QuestionConfig()
+        self.questions = questions or QuestionConfig.from_options(RunnerParams())
         self.key_map, self.default_prompt = key_map, default_prompt
         self.rtc = rtc
         self._ids = itertools.count()

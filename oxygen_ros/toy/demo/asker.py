@@ -35,11 +35,22 @@ class Answer:
 
 @dataclass
 class _Totals:
+    """Questions sent, and every one that came back (answered or failed): the counts are read off the answers."""
+
     asked: int = 0
-    answered: int = 0
-    exact: int = 0
-    failed: int = 0
     answers: list[Answer] = field(default_factory=list)
+
+    @property
+    def answered(self) -> int:
+        return sum(not a.error for a in self.answers)
+
+    @property
+    def failed(self) -> int:
+        return sum(bool(a.error) for a in self.answers)
+
+    @property
+    def exact(self) -> int:
+        return sum(bool(a.exact) for a in self.answers)
 
 
 class QuestionAsker:
@@ -98,11 +109,7 @@ class QuestionAsker:
     def _done(self, answer: Answer, error: str = "") -> None:
         with self._lock:
             answer.error = error
-            t = self.totals
-            t.answers.append(answer)
-            t.failed += int(bool(error))
-            t.answered += int(not error)
-            t.exact += int(bool(answer.exact))
+            self.totals.answers.append(answer)
             self._pending = None
 
     def rows(self) -> list[tuple[str, str]]:
@@ -110,8 +117,8 @@ class QuestionAsker:
         with self._lock:
             t, pending = self.totals, self._pending
             last = t.answers[-1] if t.answers else None
-        rows = [("answers exact / asked (~/ask)", f"{t.exact} / {t.answered}" + (f", {t.failed} failed" if t.failed
-                                                                                 else ""))]
+            exact, answered, failed = t.exact, t.answered, t.failed
+        rows = [("answers exact / asked (~/ask)", f"{exact} / {answered}" + (f", {failed} failed" if failed else ""))]
         if pending is not None:
             rows.append(("asking", f"{pending.question!r} ... {pending.text!r} ({pending.feedback} feedback)"))
         if last is not None:
