@@ -66,6 +66,20 @@ def stop_load(load: subprocess.Popen | None) -> None:
         load.wait(timeout=10)
 
 
+def load_parser(doc: str, duration: float, warmup: float, out: str) -> argparse.ArgumentParser:
+    """The command line of the benchmarks on this load: the preset, the measured window, the load's cameras, the
+    DDS domain and ``--out`` (``doc``: the module docstring, its first paragraph the description)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, default=(source_checkout() or Path.cwd()) / "config" / "tabletop.yaml")
+    ap.add_argument("--duration", type=float, default=duration, help="measured seconds (per run)")
+    ap.add_argument("--warmup", type=float, default=warmup, help="seconds after the first chunk or tick before "
+                    "measuring")
+    ap.add_argument("--camera-size", default="640x480", help="the load's camera images")
+    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
+    ap.add_argument("--out", type=Path, default=Path(out))
+    return ap
+
+
 def _counts(diag: dict[str, str]) -> dict[str, float]:
     out = {}
     for key, value in diag.items():
@@ -74,8 +88,6 @@ def _counts(diag: dict[str, str]) -> dict[str, float]:
         except ValueError:
             continue
     return out
-
-
 
 
 def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str, camera_rate: float,
@@ -166,16 +178,9 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    root = source_checkout() or Path.cwd()
-    ap.add_argument("--config", type=Path, default=root / "config" / "tabletop.yaml")
-    ap.add_argument("--duration", type=float, default=180.0, help="measured seconds")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds after the first chunk before measuring")
-    ap.add_argument("--camera-size", default="640x480")
+    ap = load_parser(__doc__, duration=180.0, warmup=10.0, out="runs/soak_tabletop")
     ap.add_argument("--camera-rate", type=float, default=30.0)
     ap.add_argument("--joint-rate", type=float, default=50.0)
-    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
-    ap.add_argument("--out", type=Path, default=Path("runs/soak_tabletop"))
     args = ap.parse_args(argv)
     result = run_soak(args.config, args.duration, args.warmup, args.camera_size, args.camera_rate, args.joint_rate,
                       args.domain_id)
