@@ -28,7 +28,7 @@ import torch
 
 from oxygen_ros.bench.models import add_model_args, build_heads, model_from_args
 from oxygen_ros.bench.report import write_results
-from oxygen_ros.bench.side_by_side import make_plan, profile_batches, run_bench
+from oxygen_ros.bench.runner import make_plan, profile_batches, run_bench
 from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.study.workload import KINDS, Workload
 

@@ -11,7 +11,7 @@ budget is spent):
    oxygen k=5 at N=30;
 2. ``headline``: N=30 isolated / oxygen k=1 / oxygen k=5 (interleaved, captured graphs), then N=5 isolated /
    shared_kv; CUDA peak memory per group;
-3. ``stages``: prefill, denoise and decode at B=1/6/30, eager vs fused vs captured (``bench.overhead``);
+3. ``stages``: prefill, denoise and decode at B=1/6/30, eager vs fused vs captured (``bench.frame_overhead``);
 4. ``node``: frames shaped like ``config/humanoid.yaml`` (3 cameras, N=30, k=5, RTC identity with a remainder
    each frame, max_inflight 16): the engine frame the node runs, stage times and memory;
 5. ``memory``: parameters + KV pool per mode at N=30 (parallel: two model copies) and the device's peak.
@@ -132,7 +132,7 @@ def _default(model, res: Results, dev: torch.device, graphs: str, frames: int, r
 
 
 def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames: int, label: str) -> list[dict]:
-    from oxygen_ros.bench.side_by_side import measure_plan
+    from oxygen_ros.bench.runner import measure_plan
 
     _reset_peak(dev)
     t = time.perf_counter()
@@ -148,7 +148,7 @@ def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames
 
 def _headline(model, res: Results, dev: torch.device, graphs: str, frames: int, repeats: int,
               left: Callable[[], float]) -> None:
-    from oxygen_ros.bench.side_by_side import make_plan
+    from oxygen_ros.bench.runner import make_plan
     from oxygen_ros.study.workload import Workload
 
     steps = model.config.num_steps
@@ -164,8 +164,8 @@ def _headline(model, res: Results, dev: torch.device, graphs: str, frames: int, 
 
 def _stages(model, res: Results, dev: torch.device, graphs: str, frames: int, repeats: int,
             left: Callable[[], float]) -> None:
+    from oxygen_ros.bench.frame_overhead import stage_overhead
     from oxygen_ros.bench.observation import benchmark_prompt_len
-    from oxygen_ros.bench.overhead import stage_overhead
 
     def done(name: str, r: dict) -> None:
         res.write("stages", "stage", name=name, **{k: v for k, v in r.items() if k != "samples"})

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oxygen_ros.bench.frame_overhead import stage_overhead
 from oxygen_ros.bench.observation import benchmark_prompt_len
-from oxygen_ros.bench.overhead import stage_overhead
 from oxygen_ros.bench.progress import progress_bar
 from oxygen_ros.bench.report import save_figure, write_run
 from oxygen_ros.bench.runner import machine_info
@@ -35,7 +35,7 @@ def run(graphs: str = "compile", episodes: int = 20, max_steps: int = 60, k: int
         max_inflight: int = 8, model_dir: Path = TOY_MODEL_DIR, first_seed: int = 100,
         stage_repeats: int = 9) -> dict:
     """The ``results.json`` dict: eager (``off``) against ``graphs`` on the toy closed loop, then (with
-    ``stage_repeats``) the stages of the same model (``bench.overhead.stage_overhead``)."""
+    ``stage_repeats``) the stages of the same model (``bench.frame_overhead.stage_overhead``)."""
     policy = load_policy(model_dir)
     tok = policy.tokenizer
     streams = [LanguageSchedule(0, "memory", "", max_new_tokens, 32, name="memory", trigger="continuous"),
