@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.bench.models import add_model_args, build_heads, model_from_args
-from oxygen_ros.bench.report import write_results
+from oxygen_ros.bench.report import markdown_table, write_run
 from oxygen_ros.bench.runner import make_plan, profile_batches, run_bench
 from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.study.workload import KINDS, Workload
@@ -59,14 +59,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def plot_results(result: dict, out: Path) -> None:
-    """The PNG plots, where matplotlib is installed (a bare GPU machine gets JSON and the table only)."""
-    try:
-        from oxygen_ros.bench.plots import plot_bench
-    except ImportError:
-        print("matplotlib is not installed: no plots")
-    else:
-        plot_bench(result, out)
+def plot_results(result: dict, out: Path) -> list[Path]:
+    """oxygen-bench's figures (``plots.plot_bench``; matplotlib)."""
+    from oxygen_ros.bench.plots import plot_bench
+
+    return plot_bench(result, out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,8 +92,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = make_plan(args.N, args.engines, ks, args.S, template, deadline_s)
     result = run_bench(model, plan, args.frames, device=torch.device(args.device), preset=args.preset, onednn=onednn,
                        batches=profile_batches(args.N, ks), seed=args.seed, heads=heads)
-    table = write_results(result, args.out)
-    plot_results(result, args.out)
+    table = write_run(args.out, result, markdown_table(result["points"]), plot_results, echo=False)
     profile = result["profile"]
     print(f"\nstage costs: prefill {profile['prefill_s'] * 1e3:.1f} ms, denoise (S={args.S}) "
           f"{profile['denoise_s'] * 1e3:.1f} ms, decode step B=1 {profile['decode_step_s'][1] * 1e3:.1f} ms")

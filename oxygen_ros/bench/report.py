@@ -33,14 +33,21 @@ def save_figure(fig, path: Path, tight: bool = True) -> Path:
     return path
 
 
-def write_run(out: Path, res: dict, table: str, plot: Callable[[dict, Path], Path], png: str) -> None:
-    """A benchmark run's files in ``out``: ``results.json``, ``summary.md`` (``table``) and ``png`` drawn by
-    ``plot``; the table is printed."""
+def write_run(out: Path, res: dict, table: str, plot: Callable[[dict, Path], object] | None = None,
+              png: str | None = None, echo: bool = True) -> str:
+    """A benchmark run's files in ``out``: ``results.json``, ``summary.md`` (``table``, printed where ``echo``) and
+    the figures ``plot`` draws into ``out / png`` (into ``out`` without ``png``; none without matplotlib)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     (out / "summary.md").write_text(table + "\n")
-    plot(res, out / png)
-    print(table)
+    if plot is not None:
+        try:
+            plot(res, out / png if png else out)
+        except ImportError:
+            print("matplotlib is not installed: no plots")
+    if echo:
+        print(table)
+    return table
 
 
 def add_derived(points: list[dict], profile: dict) -> None:
@@ -74,12 +81,3 @@ def markdown_table(points: list[dict]) -> str:
             f"{100 * p['manager_share']:.2f} | {100 * p.get('unaccounted_share', nan):.2f} | {p['batch_mean']:.1f} | "
             f"{p.get('memory_vs_isolated', nan):.3f} |")
     return "\n".join(rows)
-
-
-def write_results(result: dict, out: Path) -> str:
-    """``out/results.json`` and ``out/summary.md``; returns the table."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    table = markdown_table(result["points"])
-    (out / "summary.md").write_text(table + "\n")
-    return table
