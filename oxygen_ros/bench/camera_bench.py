@@ -3,19 +3,8 @@
 
     python -m oxygen_ros.bench.camera_bench --out runs/camera_bench [--window 4 --repeats 3]
 
-Measured, medians:
-
-- **in process** (no DDS, the node's own code): per message the arrival checks (``InputStore.on_image`` /
-  ``on_compressed``: what the subscription callback does now), the eager decode the callback did before decoding
-  became lazy, per used image the decode + conversion to model input (done once, for the frames that use it),
-  and ``ObservationBuilder.build`` with three fresh images (the frame's added latency; 64x48 images as baseline);
-- **the node as a process** (random tiny pi0.5 with three cameras, 10 Hz control): its CPU time per second
-  (``/proc/<pid>/stat``) without streams and with each stream, receive only (no instruction: every frame is
-  skipped before any image is decoded) -> CPU milliseconds per camera message; then with frames running, the
-  chunks' ``inference_latency`` (newest image's arrival to chunk ready) with 64x48 streams and with each size ->
-  the frame latency the size adds.
-
-Writes ``results.json``, ``summary.md`` and ``camera_bench.png`` to ``--out``.
+In process and as a node process; the figures: docs/benchmarks.md. Writes ``results.json``, ``summary.md`` and
+``camera_bench.png`` to ``--out``.
 """
 
 from __future__ import annotations

@@ -1,21 +1,8 @@
-"""oxygen-bench: engines side by side on one workload; JSON, a markdown table and plots.
+"""oxygen-bench: engines side by side on one workload; JSON, a markdown table and plots (docs/benchmarks.md).
 
     oxygen-bench --config small --engines isolated shared_kv oxygen --N 30 --k 1 5 --frames 20 --out runs/bench
-
-Every point of one invocation runs in the same process on the same model, and the measured frames of all points are
-interleaved round-robin (after each point's warm-up), so ratios are measured side by side under the same conditions
-(the ``parallel`` baseline runs on its own afterwards: its worker thread's OpenMP team keeps spinning after a frame).
-Stage costs (prefill, denoise, decode step per batch size) are profiled in the same run and used to predict
-each engine's frame time from the work it must do.
-
-    oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
-
-runs the multi-stream language workload (questions, memory, narration at their own cadences) on oxygen,
-isolated and shared_kv side by side (``bench/streams.py``; ``oxygen-bench streams --help``).
-
-    oxygen-bench experiment <name> [options]
-
-runs one of the A/B experiments of ``bench/experiments.py`` (``oxygen-bench experiment --help``).
+    oxygen-bench streams [options]            the multi-stream language workload (bench/streams.py)
+    oxygen-bench experiment <name> [options]  an A/B experiment (bench/experiments.py)
 """
 
 from __future__ import annotations

@@ -1,17 +1,8 @@
-"""The executor's command loops side by side, in one run: the rclpy timer (``loop: timer``), the loop
-thread (``loop: thread``) and the loop thread at ``rt.priority`` (SCHED_FIFO on that thread only), each at 100 Hz
-and 500 Hz, idle (the executor alone) and under the soak load (the node, two 640x480 30 Hz cameras and joint
-states from another process). Interleaved: every configuration once per repeat, in the listed order.
+"""The executor's command loops side by side (rclpy timer, loop thread, loop thread at ``rt.priority``; 100 /
+500 Hz; idle / soak), interleaved; the figures: docs/benchmarks.md.
 
     python -m oxygen_ros.bench.executor_timing --compare-loops --duration 12 --warmup 3 \\
         --out runs/executor_timing/<date>_loop
-
-Per configuration: the period error ``|t_k - t_{k-1} - period|`` from the ticks' stamps (``~/executed``, every tick,
-whether it commands a setpoint or not) p50 / p99 / max, late ticks (gap over 1.5 periods), the wire latency (tick
-stamp to receipt by the benchmark's subscriber, another process) p50 / p99, the executor's underruns (soak only:
-idle has no chunks), the loop's own lateness statistics and skipped deadlines (/diagnostics, thread loops), and
-the CPU per tick: the executor process's (utime + stime over the window, any loop) and the loop thread's own
-(``loop.cpu_per_tick_ms``, thread loops).
 """
 
 from __future__ import annotations

@@ -1,25 +1,8 @@
-"""Chunk executor timing under robot-like load: the node (a preset, its model) and the chunk executor as separate
-processes, two 640x480 cameras at 30 Hz and joint states at 50 Hz from a third (the soak load,
-:mod:`oxygen_ros.bench.soak`); measured from the executor's ``~/executed`` (one message per command tick).
+"""Chunk executor timing under robot-like load (the soak load of :mod:`.soak`), measured from the executor's
+``~/executed``; ``--compare-loops`` runs the command loops side by side (:mod:`.executor_loops`). The runs and
+figures: docs/benchmarks.md.
 
     python -m oxygen_ros.bench.executor_timing --duration 30 --out runs/executor_timing
-
-Runs (interleaved as listed, each a fresh set of processes; ``--runs`` picks some):
-
-- ``100hz_replace_timing_rule`` / ``100hz_replace_executor``: 100 Hz, ``switch: replace``, the node's RTC remainder
-  from the timing rule / from the executor's plan (``rtc.remainder_source``);
-- ``100hz_aggregate_timing_rule`` / ``100hz_aggregate_executor``: the same with ``switch: aggregate``
-  (``weighted_average``, LeRobot's 0.3 old + 0.7 new), where the executed plan differs from the last chunk;
-- ``500hz_replace_executor``: 500 Hz.
-
-``--compare-loops`` runs the command loops side by side instead (:mod:`.executor_loops`: rclpy timer, loop thread,
-loop thread at rt.priority; 100 / 500 Hz; idle / soak) and writes ``loops.png``.
-
-Reported per run: the command period's error ``|period - 1/rate|`` (p50 / p99 / max) from the ticks' stamps, late
-ticks, the setpoint jump at chunk switches (:func:`switch_jumps`) against the same within a chunk, the executor's
-underruns, and the node's chunk coverage. Writes
-``results.json``, ``summary.md`` and ``setpoints.png`` (a joint's setpoints over a few switches, the chunks drawn)
-to ``--out``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,6 @@
-"""The overhead-free frame, measured side by side in one run (``python -m oxygen_ros.bench.frame_overhead``):
-
-1. fused vs eager stages on one model (prefill, S-step denoise, decode steps at B = 1, 6, 30), interleaved
-   (``bench/paired.py``), and the static-shape steps of ``engine/backends/graphs.py`` (``--graphs``: CUDA graphs on
-   CUDA, torch.compile on CPU), each beside its **compute floor**: the time its matrix products and attention take
-   inside the fused stage (profiler self time; on CUDA every kernel's device time). No removal of other costs gets
-   a stage below it, so ``eager / floor`` bounds what fusing, compiling or capturing can reach on this host;
-2. ``oxygen`` vs ``isolated`` at N = 30 (k = 1, 5), frames interleaved, mean- and median-based, plus ``oxygen``
-   at the last k with speculation on and with graphs on (``--engine-graphs``);
-3. speculative decoding on vs off on the toy model's closed loop (memory stream, continuous: one request always
-   in flight, so tokens / s is what decoding delivers).
-
-Writes ``results.json``, ``summary.md`` and ``frame_overhead.png`` into ``--out``.
+"""The overhead-free frame, side by side in one run (``python -m oxygen_ros.bench.frame_overhead``): fused vs
+eager vs static-shape stages beside their compute floor, oxygen vs isolated at N = 30, speculative decoding on vs
+off (docs/benchmarks.md). Writes ``results.json``, ``summary.md`` and ``frame_overhead.png`` into ``--out``.
 """
 
 from __future__ import annotations

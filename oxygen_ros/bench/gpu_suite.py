@@ -1,22 +1,6 @@
-"""The GPU benchmark's measurements (``scripts/gpu_bench.sh`` runs this after the CUDA tests), each written the moment
-it exists: one JSON line per result appended to ``<out>/results.jsonl`` (flushed and synced), so a timeout or a crash
-later leaves every earlier result.
-
-One model is built once (the full ``pi05`` with ``--precision``, random weights, in the humanoid preset's shapes:
-three 224x224 cameras, chunks of H=10) and the stages run in this order, each under its own time budget (a stage
-that would start with less than its minimum left is skipped and says so; a stage stops between its items when its
-budget is spent):
-
-1. ``default``: the shipped default engine (``EngineConfig()`` with graphs ``auto``: captured CUDA graphs on CUDA),
-   oxygen k=5 at N=30;
-2. ``headline``: N=30 isolated / oxygen k=1 / oxygen k=5 (interleaved, captured graphs), then N=5 isolated /
-   shared_kv; CUDA peak memory per group;
-3. ``stages``: prefill, denoise and decode at B=1/6/30, eager vs fused vs captured (``bench.frame_overhead``);
-4. ``node``: frames shaped like ``config/humanoid.yaml`` (3 cameras, N=30, k=5, RTC identity with a remainder
-   each frame, max_inflight 16): the engine frame the node runs, stage times and memory;
-5. ``memory``: parameters + KV pool per mode at N=30 (parallel: two model copies) and the device's peak.
-
-``python -m oxygen_ros.bench.gpu_suite --summarize OUT`` renders ``summary.md`` from whatever lines exist.
+"""The GPU benchmark's measurements (``scripts/gpu_bench.sh`` runs this after the CUDA tests); stages default,
+headline, stages, node, memory, each under its own time budget, one JSON line per result appended (synced) to
+``<out>/results.jsonl``; ``--summarize OUT`` renders ``summary.md`` from whatever lines exist (docs/benchmarks.md).
 """
 
 from __future__ import annotations

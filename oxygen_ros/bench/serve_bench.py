@@ -1,14 +1,8 @@
-"""``oxygen-serve`` under load: 1, 4 and 16 concurrent openpi clients, each a real
-``openpi_client.WebsocketClientPolicy`` in its own process (``serve_client.py``), against the batched server and an
-openpi-style serial server (each request alone, inside the event loop) on the same engine and model, side by side
-in one run. Writes ``results.json``, ``summary.md`` and ``serve.png`` to ``--out``.
+"""``oxygen-serve`` under load: 1, 4 and 16 concurrent openpi clients (``serve_client.py``) against the batched
+server and an openpi-style serial server, side by side (docs/benchmarks.md). Writes ``results.json``,
+``summary.md`` and ``serve.png`` to ``--out``.
 
     python -m oxygen_ros.bench.serve_bench --out runs/serve_small
-
-Reported per point: action chunks and actions per second (all clients together, from the first request sent to
-the last response received), p50 / p99 round trip, the server overhead (``server_timing.infer_ms`` minus
-``policy_timing.infer_ms``: request handling, queueing and the batching window; per request) and the largest
-difference between a client's actions under the two servers (same seed and request index: they must agree).
 """
 
 from __future__ import annotations

@@ -1,19 +1,7 @@
 """Frame timing under robot-like input load: a preset's node as a process, two cameras at 30 Hz and joint states at
-50 Hz from another process, for minutes; how often the node misses its control deadline, skips a tick, or acts on
-an observation twice.
+50 Hz from another process, for minutes; deadline misses, late ticks, repeated observations (docs/benchmarks.md).
 
     python -m oxygen_ros.bench.soak --config config/tabletop.yaml --duration 180 --out runs/soak_tabletop
-
-The node runs the preset unchanged (``instruction`` set, since no simulator publishes one), both processes with the
-project's DDS profile (``config/fastdds.xml``, as the launch file applies it). Counted over the
-measured window (after a warm-up), from the node's ``/diagnostics`` and its ``~/action_chunk`` messages:
-
-- deadline misses: frames that ended after their control tick's deadline (the next tick);
-- ``late_tick`` skips: ticks the node did not run because the previous frame left too little of the period;
-- repeated observations: chunks whose observation stamp is not newer than the previous chunk's (must be 0);
-- the chunks' rate, their inference latency (newest image's arrival -> chunk ready) and the gaps between them.
-
-Writes ``results.json``, ``summary.md`` and ``soak.png`` to ``--out``.
 """
 
 from __future__ import annotations

@@ -2,18 +2,6 @@
 
     oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
 
-Several language streams share one robot's frames, each at its own cadence (:data:`REFERENCE_STREAMS`: questions,
-Poisson 0.4 per frame, 24 tokens, highest priority; memory every 5th frame, 30 tokens; narration every 2nd frame,
-16 tokens, lowest), seeded and identical for every engine; a frame's requests go to the engine highest priority
-first. ``eos_id`` is -1: random weights, every request runs to its ``max_new_tokens``. All engines run on one model
-in one process, their frames interleaved round-robin (the first engine of each round rotates) so host noise hits
-every engine alike; after the measured frames each engine drains until its last request has finished.
-
-``oxygen`` runs with ``k=auto`` and a frame deadline of ``--deadline-factor`` (default 1.5) times the no-language
-frame time (prefill + denoise), fixed while measuring like a robot's control period and derived as
-``--deadline-mode`` says (or ``--deadline-ms``); ``--k 5`` gives a fixed budget instead. Every frame's prefill +
-denoise time is reported too: its own p99 / median is the host's part of the frame-time spread.
-
 Writes ``results.json``, ``summary.md``, ``frame_times.png`` and ``stream_latency.png`` into ``--out``.
 """
 

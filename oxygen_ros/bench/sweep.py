@@ -3,25 +3,8 @@
     python -m oxygen_ros.bench.sweep --suite all --mode quick --config small --out runs/sweep
     python -m oxygen_ros.bench.sweep --suite headline memory --config pi05 --device cuda --compile off default
 
-Suites (``--suite``, several allowed; ``all`` = every suite). N = tokens per request, k = decode budget per frame,
-S = denoise steps, E = action experts; libero preset and S = 10 unless a suite varies them:
-
-  headline  N=30: isolated, oxygen k=1, k=5; N=5: isolated, shared_kv (the headline targets; scripts/gpu_bench.sh)
-  tradeoff  action Hz vs tokens/s, isolated and oxygen k in {1,5,10} across N (Fig 4)
-  speedup   oxygen vs isolated at N=30 across presets x S x k (Fig 5); full mode adds k=5 across N (Fig 10)
-  ablation  isolated / shared_kv / oxygen k=5 across N, plus the no-language oracle: frames with no requests (Fig 6)
-  arrivals  oxygen k=5, N=30 under uniform rates, Poisson rates, random lengths, bursts: Hz and batch (Fig 7)
-  overhead  cache-manager share of the frame by batch size (N=30, k -> batch ceil(N/k)) (Table 7)
-  memory    engine.memory_bytes() per engine incl. parallel (eager only); on CUDA also max_memory_allocated (Table 3)
-  stages    stage profile (prefill, denoise, decode step per batch) + shared_kv vs isolated across N (Table 6)
-  auto      k=auto vs fixed k, bursts of 8 every 8 frames, deadline = 1.3 x (prefill + denoise): misses, backlog
-  heads     E = 1..4 action experts reading one prefix, isolated vs oxygen, N=30 (Table 1 / 4)
-
-Modes (``suites.GRIDS``): ``quick`` (a few minutes on 2 cores with ``small``) and ``full`` (the paper's grids, about
-an hour). One JSON line per point in ``<out>/points.jsonl``, keyed by every parameter: a re-run skips finished ids,
-a point several suites share is measured once (``shared_with``); then ``summary.json``, ``summary.md`` and PNG plots
-per suite. ``--compile`` measures each point without and with torch.compile of the static-shape pieces (SigLIP,
-norms, MLPs). Without tqdm or matplotlib (a bare GPU machine) it runs without a progress bar and plots.
+Suites: headline tradeoff speedup ablation arrivals overhead memory stages auto heads (``all``: every one); what
+each measures, the modes and the files written: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
 """Static-shape steps on the embedded model's closed loop: the toy pi0.5 in the tabletop world, graphs off and on
-side by side (``python -m oxygen_ros.bench.toy_graphs --out runs/toy_graphs``).
-
-Both engines see every frame's observation (alternating which goes first) with a continuous memory stream and a
-narration every 2nd frame; one world is driven by the eager engine's chunks. Reported per variant: engine
-build time (compiling / capturing every step), median and mean frame time, frames over 5x the median; and
-whether the chunks (within 1e-4) and the texts agree. The toy model is small enough that its frame is made of
-per-operation cost, which is what the static-shape steps remove.
+side by side (``python -m oxygen_ros.bench.toy_graphs --out runs/toy_graphs``; docs/benchmarks.md).
 """
 
 from __future__ import annotations
