@@ -265,33 +265,32 @@ def main(argv: list[str] | None = None) -> None:
         unknown = set(args.loop_runs or ()) - names
         if unknown:
             ap.error(f"--loop-runs: unknown {sorted(unknown)}; choose from {sorted(names)}")
-        plan = [(k, spec) for k in range(args.repeat) for spec in LOOP_RUNS
-                if args.loop_runs is None or spec.name in args.loop_runs]
-        loops, failed = [], []
-        for i, (k, spec) in enumerate(plan):
-            print(f"[{i + 1}/{len(plan)}] {spec.name} ({args.duration:g} s)", flush=True)
-            try:
-                loops.append({**run_loop(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
-                                         args.loop_cpus), "repeat": k})
-            except RuntimeError as e:  # a run that measured nothing is reported, not dropped with the others
-                print(f"  {spec.name} failed: {str(e)[:2000]}", flush=True)
-                failed.append({"name": spec.name, "repeat": k, "error": str(e)[:4000]})
-        result = {"runs": loops, "failed": failed, "command": command.strip(), "host": host,
-                  "repeat": args.repeat, "duration_s": args.duration, "config": str(args.config),
-                  "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        write_run(args.out, result, loop_table(result), plot_loops, "loops.png")
-        return
-    runs = []
-    plan = [(k, spec) for k in range(args.repeat) for spec in RUNS if spec.name in args.runs]
+        specs = [spec for spec in LOOP_RUNS if args.loop_runs is None or spec.name in args.loop_runs]
+    else:
+        specs = [spec for spec in RUNS if spec.name in args.runs]
+    plan = [(k, spec) for k in range(args.repeat) for spec in specs]
+    runs, failed = [], []
     for i, (k, spec) in enumerate(plan):
         print(f"[{i + 1}/{len(plan)}] {spec.name} ({args.duration:g} s)", flush=True)
-        run = run_one(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
-                      camera_size=args.camera_size, executor_fifo=args.executor_fifo)
-        runs.append({**run, "repeat": k})
-    result = {"runs": runs, "verdicts": verdicts(runs), "command": command.strip(), "host": host,
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "config": str(args.config),
-              "executor_fifo": args.executor_fifo, "camera_size": args.camera_size, "repeat": args.repeat}
-    write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")
+        domain = args.domain_id + i % 50
+        if not args.compare_loops:
+            runs.append({**run_one(spec, args.config, args.duration, args.warmup, domain,
+                                   camera_size=args.camera_size, executor_fifo=args.executor_fifo), "repeat": k})
+            continue
+        try:
+            runs.append({**run_loop(spec, args.config, args.duration, args.warmup, domain, args.loop_cpus),
+                         "repeat": k})
+        except RuntimeError as e:  # a run that measured nothing is reported, not dropped with the others
+            print(f"  {spec.name} failed: {str(e)[:2000]}", flush=True)
+            failed.append({"name": spec.name, "repeat": k, "error": str(e)[:4000]})
+    result = {"runs": runs, "command": command.strip(), "host": host, "repeat": args.repeat,
+              "config": str(args.config), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    if args.compare_loops:
+        result |= {"failed": failed, "duration_s": args.duration}
+        write_run(args.out, result, loop_table(result), plot_loops, "loops.png")
+    else:
+        result |= {"verdicts": verdicts(runs), "executor_fifo": args.executor_fifo, "camera_size": args.camera_size}
+        write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")
 
 
 if __name__ == "__main__":
