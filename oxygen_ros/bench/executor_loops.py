@@ -24,7 +24,7 @@ from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe
 from oxygen_ros.testing.process import NodeProcess
 
-from .report import save_figure
+from .report import save_figure, subplots
 from .soak import INSTRUCTION, node_params, start_load, stop_load
 
 __all__ = ["LOOP_RUNS", "LoopSpec", "TickRecorder", "diag_number", "fmt", "loop_table", "percentiles",
@@ -247,12 +247,10 @@ def loop_verdicts(runs: list[dict[str, Any]]) -> list[str]:
 
 def plot_loops(result: dict[str, Any], path: Path) -> Path:
     """p99 period error per configuration (log scale), grouped by rate and load."""
-    import matplotlib.pyplot as plt
-
     m = _medians(result["runs"])
     groups = [(rate, load) for load in ("idle", "soak") for rate in (100.0, 500.0)]
     variants = ("timer", "thread", "thread_rt")
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = subplots(figsize=(9, 4.5))
     width = 0.25
     for i, v in enumerate(variants):
         ys = [m.get(f"{v}_{rate:g}hz_{load}", {}).get("p99") for rate, load in groups]

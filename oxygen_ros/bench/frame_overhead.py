@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from oxygen_ros.bench.models import build_model, dtype_name, resolve_dtype
 from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
 from oxygen_ros.bench.paired import paired, ratio
-from oxygen_ros.bench.report import save_figure, write_run
+from oxygen_ros.bench.report import save_figure, subplots, write_run
 from oxygen_ros.bench.runner import machine_info, make_plan, measure_plan
 from oxygen_ros.engine import KVCache, Pi05Model
 from oxygen_ros.engine.backends.graphs import FrameGraphs, resolve_backend
@@ -256,13 +256,8 @@ def summary(res: dict) -> str:
 
 def plot(res: dict, path: Path) -> Path:
     """Stage speedups against their targets, engine frame times, speculation on/off."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     parts = [k for k in ("stages", "points", "speculation") if k in res]
-    fig, axes = plt.subplots(1, len(parts), figsize=(5 * len(parts), 4))
+    fig, axes = subplots(1, len(parts), figsize=(5 * len(parts), 4))
     axes = [axes] if len(parts) == 1 else list(axes)
     ax = axes[0]
     names = list(res["stages"])

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oxygen_ros.bench.report import save_figure, write_run
+from oxygen_ros.bench.report import save_figure, subplots, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.policy.synthetic import make_random_checkpoint
@@ -78,12 +78,7 @@ def table(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = subplots(1, 2, figsize=(10, 4))
     ns = res["clients"]
     x = np.arange(len(ns))
     for j, (mode, color) in enumerate((("serial", "tab:gray"), ("batched", "tab:green"))):

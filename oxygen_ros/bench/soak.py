@@ -22,7 +22,7 @@ from oxygen_ros.testing.probe import Probe, header_ns
 from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
 from oxygen_ros.util.stats import percentile
 
-from .report import save_figure, write_run
+from .report import save_figure, subplots, write_run
 
 __all__ = ["main", "run_soak"]
 
@@ -149,9 +149,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (a, b) = subplots(1, 2, figsize=(11, 3.6))
     t, lat = r["series"]["t_s"], r["series"]["latency_ms"]
     a.plot(t, lat, ".", ms=2)
     a.set(xlabel="observation time (s)", ylabel="chunk latency (ms)", title="inference latency per chunk")

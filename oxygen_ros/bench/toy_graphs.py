@@ -15,7 +15,7 @@ import torch
 from oxygen_ros.bench.frame_overhead import stage_overhead
 from oxygen_ros.bench.observation import benchmark_prompt_len
 from oxygen_ros.bench.progress import progress_bar
-from oxygen_ros.bench.report import save_figure, write_run
+from oxygen_ros.bench.report import save_figure, subplots, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import RawObservation, load_policy
@@ -106,13 +106,8 @@ def summary(res: dict) -> str:
 
 def plot(res: dict, path: Path) -> Path:
     """Frame time per frame, graphs off and on."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     g = res["config"]["graphs"]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = subplots(figsize=(8, 3.5))
     for name in ("off", g):
         ax.plot(res[name]["frame_ms"], label=f"{name}: median {res[name]['frame_ms_median']:.1f} ms")
     ax.set_xlabel("frame")
