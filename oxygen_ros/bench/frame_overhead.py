@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from oxygen_ros.bench.models import build_model, dtype_name, resolve_dtype
 from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
 from oxygen_ros.bench.paired import paired, ratio
-from oxygen_ros.bench.report import save_figure, subplots, write_run
+from oxygen_ros.bench.report import save_figure, subplots, vs_isolated, write_run
 from oxygen_ros.bench.runner import machine_info, make_plan, measure_plan
 from oxygen_ros.engine import KVCache, Pi05Model
 from oxygen_ros.engine.backends.graphs import FrameGraphs, resolve_backend
@@ -201,9 +201,7 @@ def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: 
         points = measure_plan(model, plan, frames)
         isolated = {p["graphs"]: p for p in points if p["engine"] == "isolated"}
         for p in points:  # against isolated with the same graphs setting
-            base = isolated[p["graphs"]]
-            p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
-            p["speedup_vs_isolated_median"] = base["frame_ms_median"] / p["frame_ms_median"]
+            p |= vs_isolated(p, isolated[p["graphs"]])
         res["points"] = points
     if episodes:
         from oxygen_ros.bench.speculation import toy_memory_stream  # the toy model (not on a bare GPU machine)

@@ -113,6 +113,7 @@ def _default(model, res: Results, dev: torch.device, graphs: str, frames: int, r
 
 
 def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames: int, label: str) -> list[dict]:
+    from oxygen_ros.bench.report import vs_isolated
     from oxygen_ros.bench.runner import measure_plan
 
     _reset_peak(dev)
@@ -120,8 +121,7 @@ def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames
     points = measure_plan(model, plan, frames)
     iso = next((p for p in points if p["engine"] == "isolated"), None)
     for p in points:
-        extra = {} if iso is None else {"speedup_vs_isolated": iso["frame_ms_mean"] / p["frame_ms_mean"],
-                                        "speedup_vs_isolated_median": iso["frame_ms_median"] / p["frame_ms_median"]}
+        extra = {} if iso is None else vs_isolated(p, iso)
         res.write(stage, "point", group=label, **_slim(p), **extra, peak_allocated_bytes=_peak(dev),
                   group_seconds=time.perf_counter() - t)
     return points

@@ -50,6 +50,12 @@ def write_run(out: Path, res: dict, table: str, plot: Callable[[dict, Path], obj
     return table
 
 
+def vs_isolated(p: dict, base: dict) -> dict:
+    """A point's speedup over the isolated point ``base``: mean- and median-based."""
+    return {"speedup_vs_isolated": base["frame_ms_mean"] / p["frame_ms_mean"],
+            "speedup_vs_isolated_median": base["frame_ms_median"] / p["frame_ms_median"]}
+
+
 def add_derived(points: list[dict], profile: dict) -> None:
     """In place: the predicted frame time of every point and its ratios against isolated at the same N."""
     for point in points:
@@ -58,8 +64,7 @@ def add_derived(points: list[dict], profile: dict) -> None:
     for p in points:
         base = next((q for q in points if q["engine"] == "isolated" and q["N"] == p["N"]), None)
         if base:
-            p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
-            p["speedup_vs_isolated_median"] = base["frame_ms_median"] / p["frame_ms_median"]
+            p |= vs_isolated(p, base)
             p["token_rate_vs_isolated"] = p["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
             p["predicted_speedup"] = base["predicted_frame_ms"] / p["predicted_frame_ms"]
             p["memory_vs_isolated"] = p["memory_bytes"] / base["memory_bytes"]
