@@ -222,11 +222,12 @@ def summarize_engine(run: StreamRun, horizon: int, streams: Sequence[StreamSpec]
     batches = [b for r in run.records for b in r.batch_sizes]
     stages = ("prefill", "language_prefill", "denoise", "decode", "manager")
     action = [r.timings.get("prefill", 0.0) + r.timings.get("denoise", 0.0) for r in run.records]
-    over = [t / d for t, d in zip(times, run.deadlines, strict=True)] if run.deadlines else None
+    dl = run.deadlines  # k=auto only
+    over = [t / d for t, d in zip(times, dl, strict=True)] if dl else None
     return {
         "engine": run.ec.mode, "k": run.ec.k if run.ec.mode == "oxygen" else None,
-        "deadline_ms": 1e3 * statistics.median(run.deadlines) if run.deadlines else None,  # median of frames'
-        "deadline_ms_all": [1e3 * d for d in run.deadlines] if run.deadlines else None,
+        "deadline_ms": 1e3 * statistics.median(dl) if dl else None,  # median of frames'
+        "deadline_ms_all": [1e3 * d for d in dl] if dl else None,
         "frames": len(times),
         "action_hz": horizon * len(times) / total,  # the paper's: H x frames / total frame time
         "action_hz_median": horizon / median,
@@ -239,9 +240,8 @@ def summarize_engine(run: StreamRun, horizon: int, streams: Sequence[StreamSpec]
         "p99_over_median_with_stalls": nearest_rank(times, 99) / median,
         "host_stalls": len(stalls),
         "host_stall_ms": [1e3 * times[i] for i in stalls],
-        "deadline_misses": sum(t > d for t, d in zip(times, run.deadlines, strict=True)) if run.deadlines else None,
-        "deadline_overrun_ms_max": (1e3 * max(t - d for t, d in zip(times, run.deadlines, strict=True))
-                                    if run.deadlines else None),
+        "deadline_misses": sum(t > d for t, d in zip(times, dl, strict=True)) if dl else None,
+        "deadline_overrun_ms_max": 1e3 * max(t - d for t, d in zip(times, dl, strict=True)) if dl else None,
         "frame_over_deadline_median": statistics.median(over) if over else None,
         "frame_over_deadline_p99": nearest_rank(over, 99) if over else None,
         # the host's share of the spread: prefill + denoise is the same work in every frame of every engine
