@@ -9,7 +9,8 @@ import os
 import numpy as np
 import pytest
 
-from oxygen_ros.bench.executor_timing_stats import period_errors, switch_jumps
+from oxygen_ros.bench.executor_loops import period_errors
+from oxygen_ros.bench.executor_timing import switch_jumps
 
 MS = 1_000_000
 
@@ -51,8 +52,7 @@ def _fake_run(name: str, rate: float, switch: str, source: str, jump: float, p99
 
 
 def test_report_states_the_target_and_the_comparison(tmp_path) -> None:
-    from oxygen_ros.bench.executor_timing import table, verdicts
-    from oxygen_ros.bench.executor_timing_plots import plot_setpoints
+    from oxygen_ros.bench.executor_timing import plot_setpoints, table, verdicts
 
     runs = [_fake_run("100hz_replace_timing_rule", 100.0, "replace", "timing_rule", 2.0, 1.0),
             _fake_run("100hz_replace_executor", 100.0, "replace", "executor", 1.5, 3.0)]

@@ -9,8 +9,7 @@ import pytest
 import torch
 from conftest import assert_plot
 
-from oxygen_ros.bench.frame_overhead import main
-from oxygen_ros.bench.overhead import compute_floor
+from oxygen_ros.bench.frame_overhead import compute_floor, main
 from oxygen_ros.bench.runner import frame_statistics
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 from conftest import assert_plot
 
-from oxygen_ros.bench import sweep_run
 from oxygen_ros.bench.points import Point
 from oxygen_ros.bench.suites import GRIDS, SUITES, build_plan
 from oxygen_ros.bench.sweep import main
@@ -73,7 +72,7 @@ def test_quick_sweep_writes_records_summary_plots_and_resumes(tmp_path: Path, mo
     # a killed run leaves a torn last line: ignored; finished points are not measured again
     with (out / "points.jsonl").open("a") as f:
         f.write('{"id": "torn')
-    monkeypatch.setattr(sweep_run, "measure", lambda *a, **k: pytest.fail("a finished point ran again"))
+    monkeypatch.setattr("oxygen_ros.bench.sweep.measure", lambda *a, **k: pytest.fail("a finished point ran again"))
     again = main([*TINY, "--suite", "headline", "ablation", "--out", str(out)])
     assert [p["id"] for p in again["points"]] == plan_ids
     assert (out / "points.jsonl").read_text().count("\n") == len(records) + 1

@@ -3,25 +3,13 @@
 
     python -m oxygen_ros.bench.camera_bench --out runs/camera_bench [--window 4 --repeats 3]
 
-Measured, medians:
-
-- **in process** (no DDS, the node's own code): per message the arrival checks (``InputStore.on_image`` /
-  ``on_compressed``: what the subscription callback does now), the eager decode the callback did before decoding
-  became lazy, per used image the decode + conversion to model input (done once, for the frames that use it),
-  and ``ObservationBuilder.build`` with three fresh images (the frame's added latency; 64x48 images as baseline);
-- **the node as a process** (random tiny pi0.5 with three cameras, 10 Hz control): its CPU time per second
-  (``/proc/<pid>/stat``) without streams and with each stream, receive only (no instruction: every frame is
-  skipped before any image is decoded) -> CPU milliseconds per camera message; then with frames running, the
-  chunks' ``inference_latency`` (newest image's arrival to chunk ready) with 64x48 streams and with each size ->
-  the frame latency the size adds.
-
-Writes ``results.json``, ``summary.md`` and ``camera_bench.png`` to ``--out``.
+In process and as a node process; the figures: docs/benchmarks.md. Writes ``results.json``, ``summary.md`` and
+``camera_bench.png`` to ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import signal
@@ -37,6 +25,9 @@ from typing import Any
 import cv2
 import numpy as np
 
+from oxygen_ros.bench.paired import timed
+from oxygen_ros.bench.report import save_figure, subplots, write_run
+
 __all__ = ["main", "micro_benchmark", "node_benchmark"]
 
 SIZES = ((640, 480), (1280, 720))
@@ -49,12 +40,7 @@ SMALL = (64, 48)  # the baseline stream for the latency the size adds
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+    return 1e3 * statistics.median(timed(fn) for _ in range(repeats))
 
 
 def micro_benchmark(repeats: int = 30) -> list[dict[str, Any]]:
@@ -267,13 +253,8 @@ def markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
     """Bars: node CPU per message and added frame latency per configuration."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     labels = [f"{r['size']}\n{r['encoding']}" for r in rows]
-    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8))
+    fig, axes = subplots(1, 3, figsize=(13, 3.8))
     x = np.arange(len(rows))
     axes[0].bar(x, [r["node_cpu_ms_per_message"] for r in rows], color="tab:blue")
     axes[0].set_title("node CPU per camera message (ms)")
@@ -290,9 +271,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
         ax.set_xticks(x, labels, fontsize=8)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"3 cameras x {RATE_HZ:.0f} Hz, node at {CONTROL_HZ:.0f} Hz, {os.cpu_count()} CPUs (medians)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    save_figure(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -303,7 +282,6 @@ def main(argv: Sequence[str] | None = None) -> None:
     ap.add_argument("--repeats", type=int, default=3, help="windows per point (the median is reported)")
     ap.add_argument("--micro-repeats", type=int, default=30)
     args = ap.parse_args(argv)
-    args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("ROS_AUTOMATIC_DISCOVERY_RANGE", "LOCALHOST")
     load_start = os.getloadavg()  # other processes on the host (the benchmark does not control them)
     micro = micro_benchmark(args.micro_repeats)
@@ -317,10 +295,9 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "window_s": args.window, "repeats": args.repeats, "dds_profile": "config/fastdds.xml"},
               "summary": rows, "micro": micro, "node": node,
               "measured": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}
-    (args.out / "results.json").write_text(json.dumps(result, indent=2))
     table = markdown(rows)
-    (args.out / "summary.md").write_text(f"# Camera streams: node cost\n\n{table}\n")
-    plot(rows, args.out / "camera_bench.png")
+    write_run(args.out, result, f"# Camera streams: node cost\n\n{table}", lambda r, path: plot(r["summary"], path),
+              "camera_bench.png", echo=False)
     print(table)
 
 

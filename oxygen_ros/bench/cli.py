@@ -1,21 +1,8 @@
-"""oxygen-bench: engines side by side on one workload; JSON, a markdown table and plots.
+"""oxygen-bench: engines side by side on one workload; JSON, a markdown table and plots (docs/benchmarks.md).
 
     oxygen-bench --config small --engines isolated shared_kv oxygen --N 30 --k 1 5 --frames 20 --out runs/bench
-
-Every point of one invocation runs in the same process on the same model, and the measured frames of all points are
-interleaved round-robin (after each point's warm-up), so ratios are measured side by side under the same conditions
-(the ``parallel`` baseline runs on its own afterwards: its worker thread's OpenMP team keeps spinning after a frame).
-Stage costs (prefill, denoise, decode step per batch size) are profiled in the same run and used to predict
-each engine's frame time from the work it must do.
-
-    oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
-
-runs the multi-stream language workload (questions, memory, narration at their own cadences) on oxygen,
-isolated and shared_kv side by side (``bench/streams.py``; ``oxygen-bench streams --help``).
-
-    oxygen-bench experiment <name> [options]
-
-runs one of the A/B experiments of ``bench/experiments.py`` (``oxygen-bench experiment --help``).
+    oxygen-bench streams [options]            the multi-stream language workload (bench/streams.py)
+    oxygen-bench experiment <name> [options]  an A/B experiment (bench/experiments.py)
 """
 
 from __future__ import annotations
@@ -27,8 +14,8 @@ from pathlib import Path
 import torch
 
 from oxygen_ros.bench.models import add_model_args, build_heads, model_from_args
-from oxygen_ros.bench.report import write_results
-from oxygen_ros.bench.side_by_side import make_plan, profile_batches, run_bench
+from oxygen_ros.bench.report import markdown_table, write_run
+from oxygen_ros.bench.runner import make_plan, profile_batches, run_bench
 from oxygen_ros.engine.modes import ENGINE_MODES
 from oxygen_ros.study.workload import KINDS, Workload
 
@@ -59,14 +46,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def plot_results(result: dict, out: Path) -> None:
-    """The PNG plots, where matplotlib is installed (a bare GPU machine gets JSON and the table only)."""
-    try:
-        from oxygen_ros.bench.plots import plot_bench
-    except ImportError:
-        print("matplotlib is not installed: no plots")
-    else:
-        plot_bench(result, out)
+def plot_results(result: dict, out: Path) -> list[Path]:
+    """oxygen-bench's figures (``plots.plot_bench``; matplotlib)."""
+    from oxygen_ros.bench.plots import plot_bench
+
+    return plot_bench(result, out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -95,8 +79,7 @@ def main(argv: list[str] | None = None) -> None:
     plan = make_plan(args.N, args.engines, ks, args.S, template, deadline_s)
     result = run_bench(model, plan, args.frames, device=torch.device(args.device), preset=args.preset, onednn=onednn,
                        batches=profile_batches(args.N, ks), seed=args.seed, heads=heads)
-    table = write_results(result, args.out)
-    plot_results(result, args.out)
+    table = write_run(args.out, result, markdown_table(result["points"]), plot_results, echo=False)
     profile = result["profile"]
     print(f"\nstage costs: prefill {profile['prefill_s'] * 1e3:.1f} ms, denoise (S={args.S}) "
           f"{profile['denoise_s'] * 1e3:.1f} ms, decode step B=1 {profile['decode_step_s'][1] * 1e3:.1f} ms")

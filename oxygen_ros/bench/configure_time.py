@@ -1,11 +1,7 @@
-"""How long the node takes to configure with compiled steps (``graphs: aot``): cold (the cache empty: every step is
-built) and warm (the cache holds them: loaded), each a real node process started with ``autostart``.
+"""How long the node takes to configure with compiled steps (``graphs: aot``): cold and warm, each a real node
+process started with ``autostart`` (docs/benchmarks.md).
 
     python -m oxygen_ros.bench.configure_time --out runs/compile_cache/node_configure.json --warm 3
-
-The configure time is the node's own "configured in X s" log line: parameters, checkpoint, engine (compiled steps
-loaded or built, the kernel choice read or measured), warm-up frame. A random ``small`` LIBERO checkpoint is
-written unless ``--checkpoint`` names one; the cache directory starts empty unless ``--cache-dir`` names one.
 """
 
 from __future__ import annotations

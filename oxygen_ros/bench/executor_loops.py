@@ -1,17 +1,8 @@
-"""The executor's command loops side by side, in one run: the rclpy timer (``loop: timer``), the loop
-thread (``loop: thread``) and the loop thread at ``rt.priority`` (SCHED_FIFO on that thread only), each at 100 Hz
-and 500 Hz, idle (the executor alone) and under the soak load (the node, two 640x480 30 Hz cameras and joint
-states from another process). Interleaved: every configuration once per repeat, in the listed order.
+"""The executor's command loops side by side (rclpy timer, loop thread, loop thread at ``rt.priority``; 100 /
+500 Hz; idle / soak), interleaved; the figures: docs/benchmarks.md.
 
     python -m oxygen_ros.bench.executor_timing --compare-loops --duration 12 --warmup 3 \\
         --out runs/executor_timing/<date>_loop
-
-Per configuration: the period error ``|t_k - t_{k-1} - period|`` from the ticks' stamps (``~/executed``, every tick,
-whether it commands a setpoint or not) p50 / p99 / max, late ticks (gap over 1.5 periods), the wire latency (tick
-stamp to receipt by the benchmark's subscriber, another process) p50 / p99, the executor's underruns (soak only:
-idle has no chunks), the loop's own lateness statistics and skipped deadlines (/diagnostics, thread loops), and
-the CPU per tick: the executor process's (utime + stime over the window, any loop) and the loop thread's own
-(``loop.cpu_per_tick_ms``, thread loops).
 """
 
 from __future__ import annotations
@@ -33,11 +24,11 @@ from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe
 from oxygen_ros.testing.process import NodeProcess
 
-from .executor_timing_stats import period_errors
-from .report import save_figure
+from .report import save_figure, subplots
 from .soak import INSTRUCTION, node_params, start_load, stop_load
 
-__all__ = ["LOOP_RUNS", "LoopSpec", "TickRecorder", "diag_number", "loop_table", "plot_loops", "run_loop"]
+__all__ = ["LOOP_RUNS", "LoopSpec", "TickRecorder", "diag_number", "fmt", "loop_table", "percentiles",
+           "period_errors", "plot_loops", "run_loop"]
 
 EXECUTOR_DIAG = "oxygen_executor: executor"
 
@@ -103,6 +94,27 @@ def diag_number(d: dict[str, str], key: str, default: float | None = 0.0) -> flo
         return default
 
 
+def percentiles(values: np.ndarray) -> dict[str, float | None]:
+    if values.size == 0:
+        return {"p50": None, "p99": None, "max": None, "mean": None}
+    return {"p50": float(np.percentile(values, 50)), "p99": float(np.percentile(values, 99)),
+            "max": float(values.max()), "mean": float(values.mean())}
+
+
+def period_errors(stamps_ns: np.ndarray, rate_hz: float) -> dict[str, Any]:
+    """``|t_k - t_{k-1} - 1/rate|`` over tick stamps (ns) commanded at ``rate_hz``: p50 / p99 / max / mean in ms and
+    in % of the period; a gap over 1.5 periods (a skipped tick) counts as a late tick."""
+    stamps = np.sort(np.asarray(stamps_ns, dtype=np.int64))
+    period_ms = 1e3 / rate_hz
+    periods = np.diff(stamps) / 1e6
+    err = np.abs(periods - period_ms)
+    stats = percentiles(err)
+    return {"period_ms": period_ms, "ticks": int(stamps.size), "error_ms": stats,
+            "error_pct": {k: None if v is None else 100 * v / period_ms for k, v in stats.items()},
+            "late_ticks": int(np.sum(periods > 1.5 * period_ms)),
+            "mean_period_ms": float(periods.mean()) if periods.size else None}
+
+
 def _cpu_s(pid: int) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -166,7 +178,7 @@ def run_loop(spec: LoopSpec, config: Path, duration_s: float, warmup_s: float, d
                                                 "loop.cpu_percent_of_core", "rt.switch_interval_s", "rt.gc")}}
 
 
-def _f(v: float | None, spec: str = ".2f") -> str:
+def fmt(v: float | None, spec: str = ".2f") -> str:
     return "-" if v is None else format(v, spec)
 
 
@@ -176,10 +188,10 @@ def loop_table(result: dict[str, Any]) -> str:
             "latency p50 / p99 (ms) | underruns | process CPU / tick (ms) | loop CPU / tick (ms) |",
             "|---|---|---|---|---|---|---|---|---|"]
     for name, r in _medians(result["runs"]).items():
-        rows.append(f"| {name} | {r['policy']} | {_f(r['p50'], '.3f')} / {_f(r['p99'], '.3f')} / "
-                    f"{_f(r['max'], '.1f')} | "
-                    f"{_f(r['p99_pct'], '.1f')}% | {r['late']} | {_f(r['wire50'])} / {_f(r['wire99'])} | "
-                    f"{'-' if r['underruns'] is None else r['underruns']} | {_f(r['cpu'], '.3f')} | "
+        rows.append(f"| {name} | {r['policy']} | {fmt(r['p50'], '.3f')} / {fmt(r['p99'], '.3f')} / "
+                    f"{fmt(r['max'], '.1f')} | "
+                    f"{fmt(r['p99_pct'], '.1f')}% | {r['late']} | {fmt(r['wire50'])} / {fmt(r['wire99'])} | "
+                    f"{'-' if r['underruns'] is None else r['underruns']} | {fmt(r['cpu'], '.3f')} | "
                     f"{r['loop_cpu'] or '-'} |")
     lines = rows + ["", f"Host: {result['host']}; {result['date']}; command: `{result['command']}`; soak: the node "
                     "(preset's model) + 2 cameras 640x480 rgb8 at 30 Hz + joint_states at 50 Hz from another "
@@ -235,12 +247,10 @@ def loop_verdicts(runs: list[dict[str, Any]]) -> list[str]:
 
 def plot_loops(result: dict[str, Any], path: Path) -> Path:
     """p99 period error per configuration (log scale), grouped by rate and load."""
-    import matplotlib.pyplot as plt
-
     m = _medians(result["runs"])
     groups = [(rate, load) for load in ("idle", "soak") for rate in (100.0, 500.0)]
     variants = ("timer", "thread", "thread_rt")
-    fig, ax = plt.subplots(figsize=(9, 4.5))
+    fig, ax = subplots(figsize=(9, 4.5))
     width = 0.25
     for i, v in enumerate(variants):
         ys = [m.get(f"{v}_{rate:g}hz_{load}", {}).get("p99") for rate, load in groups]

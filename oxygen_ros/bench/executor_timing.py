@@ -1,30 +1,12 @@
-"""Chunk executor timing under robot-like load: the node (a preset, its model) and the chunk executor as separate
-processes, two 640x480 cameras at 30 Hz and joint states at 50 Hz from a third (the soak load,
-:mod:`oxygen_ros.bench.soak`); measured from the executor's ``~/executed`` (one message per command tick).
+"""Chunk executor timing under robot-like load (the soak load of :mod:`.soak`), measured from the executor's
+``~/executed``; ``--compare-loops`` runs the command loops side by side (:mod:`.executor_loops`). The runs and
+figures: docs/benchmarks.md.
 
     python -m oxygen_ros.bench.executor_timing --duration 30 --out runs/executor_timing
-
-Runs (interleaved as listed, each a fresh set of processes; ``--runs`` picks some):
-
-- ``100hz_replace_timing_rule`` / ``100hz_replace_executor``: 100 Hz, ``switch: replace``, the node's RTC remainder
-  from the timing rule / from the executor's plan (``rtc.remainder_source``);
-- ``100hz_aggregate_timing_rule`` / ``100hz_aggregate_executor``: the same with ``switch: aggregate``
-  (``weighted_average``, LeRobot's 0.3 old + 0.7 new), where the executed plan differs from the last chunk;
-- ``500hz_replace_executor``: 500 Hz.
-
-``--compare-loops`` runs the command loops side by side instead (:mod:`.executor_loops`: rclpy timer, loop thread,
-loop thread at rt.priority; 100 / 500 Hz; idle / soak) and writes ``loops.png``.
-
-Reported per run (:mod:`.executor_timing_stats`): the command period's error ``|period - 1/rate|`` (p50 / p99 /
-max) from the ticks' stamps, late ticks, the setpoint jump at chunk switches (max over joints of ``|delta| / dt``,
-mean and max) against the same within a chunk, the executor's underruns, and the node's chunk coverage. Writes
-``results.json``, ``summary.md`` and ``setpoints.png`` (a joint's setpoints over a few switches, the chunks drawn)
-to ``--out``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import sys
@@ -39,15 +21,13 @@ import numpy as np
 from oxygen_ros.ros.dds import dds_profile_environment, default_profile_path
 from oxygen_ros.ros.stamps import stamp_to_ns
 from oxygen_ros.testing.probe import Probe, header_ns
-from oxygen_ros.testing.process import NodeProcess, source_checkout
+from oxygen_ros.testing.process import NodeProcess
 
-from .executor_loops import TickRecorder, diag_number
-from .executor_timing_plots import plot_setpoints
-from .executor_timing_stats import period_errors, switch_jumps
-from .report import write_run
-from .soak import INSTRUCTION, node_params, start_load, stop_load
+from .executor_loops import TickRecorder, diag_number, fmt, percentiles, period_errors
+from .report import save_figure, write_run
+from .soak import INSTRUCTION, load_parser, node_params, start_load, stop_load
 
-__all__ = ["RUNS", "RunSpec", "main", "run_one"]
+__all__ = ["RUNS", "RunSpec", "main", "plot_setpoints", "run_one", "switch_jumps", "table", "verdicts"]
 
 
 @dataclass(frozen=True)
@@ -156,8 +136,62 @@ def _series(stamps: np.ndarray, frames: np.ndarray, setpoints: np.ndarray, chunk
             "chunks": out_chunks}
 
 
-def _fmt(v: float | None, spec: str = ".2f") -> str:
-    return "-" if v is None else format(v, spec)
+def switch_jumps(stamps_ns: np.ndarray, frame_index: np.ndarray, setpoints: np.ndarray,
+                 holding: np.ndarray | None = None, columns: list[int] | None = None) -> dict[str, Any]:
+    """Setpoint speed (max over joints of |delta| / dt, units/s) at chunk switches (the chunk in force,
+    ``frame_index``, changes) and within chunks (the motion's own speed). ``setpoints`` [N, D]; ``holding`` [N]: ticks
+    that held (excluded); ``columns``: the joints (the benchmark leaves out grippers, a step by design)."""
+    t = np.asarray(stamps_ns, dtype=np.int64)
+    fi = np.asarray(frame_index)
+    sp = np.asarray(setpoints, dtype=np.float64)
+    if columns is not None:
+        sp = sp[:, columns]
+    hold = np.zeros(t.size, bool) if holding is None else np.asarray(holding, bool)
+    if t.size < 2:
+        none = percentiles(np.zeros(0))
+        return {"switches": 0, "switch": none, "within": none, "switch_over_within": None}
+    dt = np.diff(t) / 1e9
+    speed = np.abs(np.diff(sp, axis=0)).max(axis=1) / np.where(dt > 0, dt, np.nan)
+    valid = np.isfinite(speed) & ~hold[1:] & ~hold[:-1]
+    switch = (fi[1:] != fi[:-1]) & valid
+    within = (fi[1:] == fi[:-1]) & valid
+    s, w = percentiles(speed[switch]), percentiles(speed[within])
+    return {"switches": int(switch.sum()), "switch": s, "within": w,
+            "switch_over_within": (s["mean"] / w["mean"]) if s["mean"] is not None and w["mean"] else None}
+
+
+PANELS = ("100hz_replace_executor", "100hz_aggregate_executor", "100hz_replace_timing_rule",
+          "100hz_aggregate_timing_rule", "500hz_replace_executor")
+
+
+def plot_setpoints(result: dict[str, Any], path: Path, panels: int = 2) -> Path:
+    """Draw up to ``panels`` runs (the executor-remainder ones first) into ``path``."""
+    import matplotlib.pyplot as plt
+
+    by = {}
+    for r in result["runs"]:
+        by.setdefault(r["name"], r)  # the first repeat
+    chosen = [by[n] for n in PANELS if n in by][:panels] or result["runs"][:1]
+    fig, axes = plt.subplots(len(chosen), 1, figsize=(11, 3.4 * len(chosen)), squeeze=False)
+    for ax, run in zip(axes[:, 0], chosen, strict=True):
+        s = run["series"]
+        colors = plt.get_cmap("tab10")
+        for i, c in enumerate(s["chunks"]):
+            ax.plot(c["t_s"], c["joint0"], "o--", ms=3, lw=0.8, color=colors(i % 10), alpha=0.7,
+                    label="chunks (actions at their due times)" if i == 0 else None)
+        ax.plot(s["t_s"], s["setpoint"], "-", color="k", lw=1.6, label=f"setpoints ({run['rate_hz']:g} Hz)")
+        switches = [t for t, a, b in zip(s["t_s"][1:], s["frame_index"][:-1], s["frame_index"][1:], strict=True)
+                    if a != b]
+        for k, t in enumerate(switches):
+            ax.axvline(t, color="tab:red", lw=0.6, alpha=0.6, label="chunk switch" if k == 0 else None)
+        if s["t_s"]:
+            ax.set_xlim(s["t_s"][0], s["t_s"][-1])
+        j = run["jumps"]["switch"]
+        ax.set(xlabel="time (s)", ylabel=s["joint"],
+               title=f"{run['name']}: switch {run['switch']}, remainder {run['remainder_source']}; mean jump "
+                     f"{(j['mean'] or 0):.3f} units/s")
+        ax.legend(loc="best", fontsize=8)
+    return save_figure(fig, path)
 
 
 def table(result: dict[str, Any]) -> str:
@@ -169,10 +203,10 @@ def table(result: dict[str, Any]) -> str:
         e, j = r["period"]["error_ms"], r["jumps"]
         name = r["name"] + (f" #{r['repeat'] + 1}" if result.get("repeat", 1) > 1 else "")
         rows.append(f"| {name} | {r['rate_hz']:g} Hz | {r['switch']} | {r['remainder_source']} | "
-                    f"{_fmt(e['p50'], '.3f')} / {_fmt(e['p99'], '.3f')} / {_fmt(e['max'], '.1f')} | "
-                    f"{_fmt(r['period']['error_pct']['p99'], '.1f')}% | {r['period']['late_ticks']} | "
-                    f"{j['switches']} | {_fmt(j['switch']['mean'], '.3f')} / {_fmt(j['switch']['max'], '.3f')} | "
-                    f"{_fmt(j['within']['mean'], '.3f')} | {_fmt(j['switch_over_within'], '.2f')} | "
+                    f"{fmt(e['p50'], '.3f')} / {fmt(e['p99'], '.3f')} / {fmt(e['max'], '.1f')} | "
+                    f"{fmt(r['period']['error_pct']['p99'], '.1f')}% | {r['period']['late_ticks']} | "
+                    f"{j['switches']} | {fmt(j['switch']['mean'], '.3f')} / {fmt(j['switch']['max'], '.3f')} | "
+                    f"{fmt(j['within']['mean'], '.3f')} | {fmt(j['switch_over_within'], '.2f')} | "
                     f"{r['underruns']} ({r['underrun_ticks']}) |")
     fifo = result.get("executor_fifo", 0)
     lines = rows + ["", f"Host: {result['host']}; {result['date']}; command: `{result['command']}`; load: 2 "
@@ -189,7 +223,7 @@ def verdicts(runs: list[dict[str, Any]]) -> list[str]:
         if r["rate_hz"] == 100.0:
             p99 = r["period"]["error_pct"]["p99"]
             ok = p99 is not None and p99 <= 20.0
-            out.append(f"{r['name']}: p99 period error {_fmt(p99, '.1f')}% of the period: "
+            out.append(f"{r['name']}: p99 period error {fmt(p99, '.1f')}% of the period: "
                        + ("target (<= 20%) met" if ok else "target (<= 20%) NOT met"))
     for switch in ("replace", "aggregate"):
         ea = _mean_jump(runs, f"100hz_{switch}_executor")
@@ -210,15 +244,9 @@ def _mean_jump(runs: list[dict[str, Any]], name: str) -> float | None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    root = source_checkout() or Path.cwd()
-    ap.add_argument("--config", type=Path, default=root / "config" / "tabletop.yaml")
-    ap.add_argument("--duration", type=float, default=30.0, help="measured seconds per run")
-    ap.add_argument("--warmup", type=float, default=5.0, help="seconds after the first tick before measuring")
+    ap = load_parser(__doc__, duration=30.0, warmup=5.0, out="runs/executor_timing")
     ap.add_argument("--runs", nargs="*", default=[r.name for r in RUNS], choices=[r.name for r in RUNS])
-    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
     ap.add_argument("--repeat", type=int, default=1, help="run the list this many times, interleaved")
-    ap.add_argument("--camera-size", default="640x480", help="the load's camera images (default 640x480)")
     ap.add_argument("--executor-fifo", type=int, default=0, metavar="PRIORITY",
                     help="run the executor under chrt -f PRIORITY (SCHED_FIFO, as a controller loop); 0: normal")
     ap.add_argument("--compare-loops", action="store_true",
@@ -227,7 +255,6 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--loop-runs", nargs="*", default=None,
                     help="--compare-loops: only these configurations (e.g. timer_100hz_idle thread_rt_100hz_soak)")
     ap.add_argument("--loop-cpus", default="", help="--compare-loops: rt.cpus of the thread loops ('' = any)")
-    ap.add_argument("--out", type=Path, default=Path("runs/executor_timing"))
     args = ap.parse_args(argv)
     command = "python -m oxygen_ros.bench.executor_timing " + " ".join(argv if argv is not None else sys.argv[1:])
     host = f"{platform.node()} {platform.machine()}, {os.cpu_count()} CPUs (shared)"
@@ -238,33 +265,32 @@ def main(argv: list[str] | None = None) -> None:
         unknown = set(args.loop_runs or ()) - names
         if unknown:
             ap.error(f"--loop-runs: unknown {sorted(unknown)}; choose from {sorted(names)}")
-        plan = [(k, spec) for k in range(args.repeat) for spec in LOOP_RUNS
-                if args.loop_runs is None or spec.name in args.loop_runs]
-        loops, failed = [], []
-        for i, (k, spec) in enumerate(plan):
-            print(f"[{i + 1}/{len(plan)}] {spec.name} ({args.duration:g} s)", flush=True)
-            try:
-                loops.append({**run_loop(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
-                                         args.loop_cpus), "repeat": k})
-            except RuntimeError as e:  # a run that measured nothing is reported, not dropped with the others
-                print(f"  {spec.name} failed: {str(e)[:2000]}", flush=True)
-                failed.append({"name": spec.name, "repeat": k, "error": str(e)[:4000]})
-        result = {"runs": loops, "failed": failed, "command": command.strip(), "host": host,
-                  "repeat": args.repeat, "duration_s": args.duration, "config": str(args.config),
-                  "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
-        write_run(args.out, result, loop_table(result), plot_loops, "loops.png")
-        return
-    runs = []
-    plan = [(k, spec) for k in range(args.repeat) for spec in RUNS if spec.name in args.runs]
+        specs = [spec for spec in LOOP_RUNS if args.loop_runs is None or spec.name in args.loop_runs]
+    else:
+        specs = [spec for spec in RUNS if spec.name in args.runs]
+    plan = [(k, spec) for k in range(args.repeat) for spec in specs]
+    runs, failed = [], []
     for i, (k, spec) in enumerate(plan):
         print(f"[{i + 1}/{len(plan)}] {spec.name} ({args.duration:g} s)", flush=True)
-        run = run_one(spec, args.config, args.duration, args.warmup, args.domain_id + i % 50,
-                      camera_size=args.camera_size, executor_fifo=args.executor_fifo)
-        runs.append({**run, "repeat": k})
-    result = {"runs": runs, "verdicts": verdicts(runs), "command": command.strip(), "host": host,
-              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"), "config": str(args.config),
-              "executor_fifo": args.executor_fifo, "camera_size": args.camera_size, "repeat": args.repeat}
-    write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")
+        domain = args.domain_id + i % 50
+        if not args.compare_loops:
+            runs.append({**run_one(spec, args.config, args.duration, args.warmup, domain,
+                                   camera_size=args.camera_size, executor_fifo=args.executor_fifo), "repeat": k})
+            continue
+        try:
+            runs.append({**run_loop(spec, args.config, args.duration, args.warmup, domain, args.loop_cpus),
+                         "repeat": k})
+        except RuntimeError as e:  # a run that measured nothing is reported, not dropped with the others
+            print(f"  {spec.name} failed: {str(e)[:2000]}", flush=True)
+            failed.append({"name": spec.name, "repeat": k, "error": str(e)[:4000]})
+    result = {"runs": runs, "command": command.strip(), "host": host, "repeat": args.repeat,
+              "config": str(args.config), "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+    if args.compare_loops:
+        result |= {"failed": failed, "duration_s": args.duration}
+        write_run(args.out, result, loop_table(result), plot_loops, "loops.png")
+    else:
+        result |= {"verdicts": verdicts(runs), "executor_fifo": args.executor_fifo, "camera_size": args.camera_size}
+        write_run(args.out, result, table(result), plot_setpoints, "setpoints.png")
 
 
 if __name__ == "__main__":

@@ -1,20 +1,7 @@
-"""The one-off A/B experiments, one short function each, on the shared paired timer (``bench/paired.py``) and
-result writer (``report.write_run``: ``results.json``, ``summary.md``, a PNG)::
+"""The one-off A/B experiments (``engine_overhead``, ``prefill_layout``, ``rtc_cost``), one function each, on
+the paired timer (``bench/paired.py``) and ``report.write_run``; what each measures: docs/benchmarks.md.
 
     python -m oxygen_ros.bench.experiments <name> [options]     (or: oxygen-bench experiment <name> [options])
-
-- ``engine_overhead`` (out runs/engine_overhead): ``Engine.step`` on an action-only frame against the bare fused
-  path it wraps (``prefill`` + ``denoise`` on a cache of its own); the paired median ratio step / bare is the
-  engine's overhead (scheduler, slot, timings, validation), and a cProfile of the steps splits the engine's own
-  Python time from the model's.
-- ``prefill_layout`` (out runs/prefill_layout): what openpi's exact numbers cost under ``bfloat16_islands``: per
-  setup (cameras masked or not, prompt padded or not) one frame's action path in openpi's padded prefill layout vs
-  compacted; also how far the compacted actions move and whether the padded fused path equals the eager reference.
-- ``rtc_cost`` (``--out`` required): what real-time chunking costs the denoise: without guidance, ``identity`` and
-  ``vjp`` side by side on each path the engine has (``eager``, ``fused``, ``static``: the static-shape step of
-  ``engine/backends/graphs.py``), the paper's settings (exp schedule, beta 5, the whole remainder guided); a
-  variant's cost is the median over rounds of its time over the same round's unguided time on the same path
-  (``vjp`` against ``fused`` and ``eager``).
 """
 
 from __future__ import annotations

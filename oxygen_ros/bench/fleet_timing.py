@@ -1,11 +1,5 @@
-"""Time per bag of a fleet evaluation: sequentially in-process against local Ray with 1 and 2 workers, on the same
-demo bags in one run (``python -m oxygen_ros.bench.fleet_timing --bags 20 --out runs/fleet_timing``).
-
-The bags are tabletop demo bags (:mod:`oxygen_ros.toy.demo_fleet`) scored with the embedded model as the
-README's fleet run does. Each configuration evaluates every bag (``rerun``), into a temporary output. Reported per
-configuration: the wall time per bag (everything: for Ray its start, the actors' policy loads and the transfers), the
-time per bag inside a worker, the ratios to the sequential run, and whether every bag's outputs and scores equal
-the sequential run's. Writes ``results.json``, ``summary.md`` and ``fleet_timing.png``.
+"""Time per bag of a fleet evaluation: sequentially in-process against local Ray with 1 and 2 workers, on the same demo
+bags in one run (``python -m oxygen_ros.bench.fleet_timing --bags 20 --out runs/fleet_timing``; docs/benchmarks.md).
 """
 
 from __future__ import annotations

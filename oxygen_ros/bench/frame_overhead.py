@@ -1,35 +1,169 @@
-"""The overhead-free frame, measured side by side in one run (``python -m oxygen_ros.bench.frame_overhead``):
-
-1. fused vs eager stages on one model (prefill, S-step denoise, decode steps at B = 1, 6, 30), interleaved, and
-   the static-shape steps of ``engine/backends/graphs.py`` (``--graphs``: CUDA graphs on CUDA, torch.compile on CPU);
-2. ``oxygen`` vs ``isolated`` at N = 30 (k = 1, 5), frames interleaved, mean- and median-based, plus ``oxygen``
-   at the last k with speculation on and with graphs on (``--engine-graphs``);
-3. speculative decoding on vs off on the toy model's closed loop (memory stream, continuous: one request always
-   in flight, so tokens / s is what decoding delivers).
-
-Writes ``results.json``, ``summary.md`` and ``frame_overhead.png`` into ``--out``.
+"""The overhead-free frame, side by side in one run (``python -m oxygen_ros.bench.frame_overhead``): fused vs
+eager vs static-shape stages beside their compute floor, oxygen vs isolated at N = 30, speculative decoding on vs
+off (docs/benchmarks.md). Writes ``results.json``, ``summary.md`` and ``frame_overhead.png`` into ``--out``.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import statistics
 import time
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from oxygen_ros.bench.models import build_model, dtype_name, resolve_dtype
-from oxygen_ros.bench.observation import benchmark_prompt_len
-from oxygen_ros.bench.overhead import stage_overhead
-from oxygen_ros.bench.report import save_figure, write_run
-from oxygen_ros.bench.runner import machine_info
-from oxygen_ros.bench.side_by_side import make_plan, measure_plan
-from oxygen_ros.bench.speculation import toy_memory_stream
+from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
+from oxygen_ros.bench.paired import paired, ratio
+from oxygen_ros.bench.report import save_figure, subplots, vs_isolated, write_run
+from oxygen_ros.bench.runner import machine_info, make_plan, measure_plan
+from oxygen_ros.engine import KVCache, Pi05Model
+from oxygen_ros.engine.backends.graphs import FrameGraphs, resolve_backend
 from oxygen_ros.engine.backends.precision import PRECISIONS, apply_precision
+from oxygen_ros.engine.timing import synchronize
 from oxygen_ros.study.workload import Workload
 
 TARGETS = {"denoise": 2.5, "decode": 1.3, "prefill": 1.0}
+
+VARIANTS = ("eager", "fused")
+# the kernels that do a stage's arithmetic (matrix products, attention); everything else is overhead to remove
+COMPUTE_KERNELS = ("mkldnn::_linear_pointwise", "aten::mkldnn_linear", "aten::mm", "aten::addmm", "aten::bmm",
+                   "aten::baddbmm", "aten::_scaled_dot_product_flash_attention_for_cpu",
+                   "aten::_scaled_dot_product_efficient_attention", "aten::_scaled_dot_product_flash_attention",
+                   "aten::_scaled_dot_product_cudnn_attention")
+
+
+class _OpCounter(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def count_ops(fn: Callable[[], object]) -> int:
+    """ATen operations one call of ``fn`` dispatches (views and in-place writes included): the per-operation
+    framework cost a stage pays whatever the host, which CUDA graphs or a compiler remove."""
+    with _OpCounter() as counter:
+        fn()
+    return counter.count
+
+
+def compute_floor(fn: Callable[[], object], device: torch.device, repeats: int = 3) -> float | None:
+    """Seconds per call of ``fn`` spent in :data:`COMPUTE_KERNELS` (self time; device time on CUDA), median over
+    ``repeats`` calls. None when the profiler cannot run here (no CUPTI, say): the benchmark goes on without one."""
+    cuda = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, *([ProfilerActivity.CUDA] if cuda else [])]
+    totals = []
+    for _ in range(repeats):
+        try:
+            with profile(activities=activities) as prof:
+                fn()
+                synchronize(device)
+        except RuntimeError as e:
+            warnings.warn(f"no compute floor: the profiler failed ({e})", stacklevel=2)
+            return None
+        if cuda:  # kernels have their own names on the device: everything the device ran
+            totals.append(sum(e.self_device_time_total for e in prof.key_averages()) * 1e-6)
+        else:
+            totals.append(sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in COMPUTE_KERNELS) * 1e-6)
+    return statistics.median(totals)
+
+
+def side_by_side(model: Pi05Model, fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1,
+                 floor: bool = True) -> dict:
+    """Interleaved timing of ``fns`` (variant -> call, ``bench/paired.py``, in a fixed order) on ``model``
+    (``eager``'s call runs the model's eager stages, :func:`stage_models`). ``speedup``: eager / fused;
+    ``graphs_speedup``: eager / graphs, when present; ``floor_s`` / ``bound``: the fused stage's compute floor
+    (:func:`compute_floor`, once per round) and the median of the paired ratios eager / floor."""
+    floors: list[float | None] = []
+
+    def round_floor() -> None:  # the floor in the same rounds, paired with their eager call
+        if floor and None not in floors:  # floor=False or no profiler here: no more profiler sessions
+            floors.append(compute_floor(fns["fused"], model.device, repeats=1))
+
+    times = paired(fns, repeats, warmup, model.device, alternate=False, after_round=round_floor)
+    out = {f"{v}_s": statistics.median(ts) for v, ts in times.items()}
+    for v in VARIANTS:  # a compiled or captured step dispatches no ATen operations one by one
+        out[f"{v}_ops"] = count_ops(fns[v])
+    if floors and all(floors):
+        out["floor_s"] = statistics.median(floors)
+        out["bound"] = ratio({**times, "floor": floors}, "eager", "floor")
+    out["speedup"] = ratio(times, "eager", "fused")
+    out["ratio_of_medians"] = out["eager_s"] / out["fused_s"]
+    if "graphs" in times:
+        out["graphs_speedup"] = ratio(times, "eager", "graphs")
+    out["samples"] = {v: ts for v, ts in times.items()}
+    return out
+
+
+def stage_models(model: Pi05Model) -> dict[str, Pi05Model]:
+    """Each variant's model: ``eager`` the eager reference stages over ``model``'s weights, the others ``model``."""
+    eager = model.with_stages("eager")
+    return {v: eager if v == "eager" else model for v in VARIANTS}
+
+
+def stage_overhead(model: Pi05Model, batches: list[int], repeats: int = 7, decode_context: int = 30,
+                   prompt_len: int | None = None, graphs: str = "off", floor: bool = True,
+                   on_stage: Callable[[str, dict], None] | None = None) -> dict:
+    """Fused vs eager per stage: ``{"prefill": .., "denoise": .., "decode_B<b>": ..}`` from :func:`side_by_side`.
+
+    ``graphs`` (a ``graphs.py`` backend other than off): every stage also times that backend's static-shape step
+    (variant ``graphs``; a decode of B rows runs as the engine would, at the bucket covering B; its first call,
+    which compiles or captures, is the warm-up). ``floor``: also each stage's compute floor (profiler sessions);
+    ``on_stage(name, result)``: called as each stage's result exists (the GPU script writes it right away)."""
+    cfg, dev = model.config, model.device
+    done = on_stage or (lambda name, r: None)
+    obs = dummy_observation(model, 1, prompt_len)
+    max_b = max(batches)
+    cache = KVCache.for_model(cfg, max_b, extra_tokens=decode_context + 1, dtype=model.dtype, device=dev)
+    static = None
+    if resolve_backend(graphs, dev) != "off":
+        static = FrameGraphs(model, cache, [model.head_parts()], cfg.num_steps, graphs)
+    rows = slice(0, 1)
+    models = stage_models(model)
+    fns = {v: lambda m=models[v]: m.prefill(obs, cache, rows) for v in VARIANTS}
+    if static is not None:
+        fns["graphs"] = lambda: static.prefill(obs, 0)
+    res = {"prefill": side_by_side(model, fns, repeats, floor=floor)}
+    done("prefill", res["prefill"])
+    prefix = model.prefill(obs, cache, rows)
+    noise = torch.randn(1, cfg.action_horizon, cfg.action_dim, device=dev)
+    fns = {v: lambda m=models[v]: m.denoise(prefix, cache, noise) for v in VARIANTS}
+    if static is not None:
+        fns["graphs"] = lambda: static.denoise(prefix, [noise])
+    res["denoise"] = side_by_side(model, fns, repeats, floor=floor)
+    done("denoise", res["denoise"])
+    cache.k[:, 1:max_b] = cache.k[:, :1]
+    cache.v[:, 1:max_b] = cache.v[:, :1]
+    cache.valid[1:max_b] = cache.valid[:1]
+    cache.valid[:, prefix.length:prefix.length + decode_context] = True
+    for b in batches:
+        idx = torch.full((b,), prefix.length + decode_context, device=dev)
+        pos = prefix.num_valid.expand(b) + decode_context
+        tokens = torch.full((b,), 5, device=dev)
+
+        def step(m: Pi05Model, b: int = b, idx: torch.Tensor = idx, pos: torch.Tensor = pos,
+                 tokens: torch.Tensor = tokens):
+            return m.decode_step(cache, slice(0, b), tokens, pos, idx, prefix.length + decode_context + 1)
+
+        fns = {v: lambda m=models[v], step=step: step(m) for v in VARIANTS}
+        if static is not None:
+            n = static.decode_bucket(b)
+            wide = torch.stack([torch.cat([x, x[:1].expand(n - b)]) for x in (tokens, pos, idx)]).cpu()
+            fns["graphs"] = lambda n=n, wide=wide: static.decode(slice(0, n), wide)  # from the host, as the engine
+        res[f"decode_B{b}"] = side_by_side(model, fns, repeats, floor=floor)
+        if static is not None:
+            res[f"decode_B{b}"]["graphs_bucket"] = n
+        done(f"decode_B{b}", res[f"decode_B{b}"])
+    return res
 
 
 def default_graphs(device: torch.device, engine: bool) -> str:
@@ -67,11 +201,11 @@ def run(config: str, preset: str, batches: list[int], repeats: int, n: int, ks: 
         points = measure_plan(model, plan, frames)
         isolated = {p["graphs"]: p for p in points if p["engine"] == "isolated"}
         for p in points:  # against isolated with the same graphs setting
-            base = isolated[p["graphs"]]
-            p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
-            p["speedup_vs_isolated_median"] = base["frame_ms_median"] / p["frame_ms_median"]
+            p |= vs_isolated(p, isolated[p["graphs"]])
         res["points"] = points
     if episodes:
+        from oxygen_ros.bench.speculation import toy_memory_stream  # the toy model (not on a bare GPU machine)
+
         res["speculation"] = toy_memory_stream(episodes=episodes, speculate=speculate)
     return res
 
@@ -120,13 +254,8 @@ def summary(res: dict) -> str:
 
 def plot(res: dict, path: Path) -> Path:
     """Stage speedups against their targets, engine frame times, speculation on/off."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     parts = [k for k in ("stages", "points", "speculation") if k in res]
-    fig, axes = plt.subplots(1, len(parts), figsize=(5 * len(parts), 4))
+    fig, axes = subplots(1, len(parts), figsize=(5 * len(parts), 4))
     axes = [axes] if len(parts) == 1 else list(axes)
     ax = axes[0]
     names = list(res["stages"])

@@ -1,22 +1,6 @@
-"""The GPU benchmark's measurements (``scripts/gpu_bench.sh`` runs this after the CUDA tests), each written the moment
-it exists: one JSON line per result appended to ``<out>/results.jsonl`` (flushed and synced), so a timeout or a crash
-later leaves every earlier result.
-
-One model is built once (the full ``pi05`` with ``--precision``, random weights, in the humanoid preset's shapes:
-three 224x224 cameras, chunks of H=10) and the stages run in this order, each under its own time budget (a stage
-that would start with less than its minimum left is skipped and says so; a stage stops between its items when its
-budget is spent):
-
-1. ``default``: the shipped default engine (``EngineConfig()`` with graphs ``auto``: captured CUDA graphs on CUDA),
-   oxygen k=5 at N=30;
-2. ``headline``: N=30 isolated / oxygen k=1 / oxygen k=5 (interleaved, captured graphs), then N=5 isolated /
-   shared_kv; CUDA peak memory per group;
-3. ``stages``: prefill, denoise and decode at B=1/6/30, eager vs fused vs captured (``bench.overhead``);
-4. ``node``: frames shaped like ``config/humanoid.yaml`` (3 cameras, N=30, k=5, RTC identity with a remainder
-   each frame, max_inflight 16): the engine frame the node runs, stage times and memory;
-5. ``memory``: parameters + KV pool per mode at N=30 (parallel: two model copies) and the device's peak.
-
-``python -m oxygen_ros.bench.gpu_suite --summarize OUT`` renders ``summary.md`` from whatever lines exist.
+"""The GPU benchmark's measurements (``scripts/gpu_bench.sh`` runs this after the CUDA tests); stages default,
+headline, stages, node, memory, each under its own time budget, one JSON line per result appended (synced) to
+``<out>/results.jsonl``; ``--summarize OUT`` renders ``summary.md`` from whatever lines exist (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -34,9 +18,6 @@ import torch
 STAGES = ("default", "headline", "stages", "node", "memory")
 # seconds a stage needs at least (a stage is skipped with less than this left of the whole budget)
 MIN_S = {"default": 15, "headline": 30, "stages": 15, "node": 10, "memory": 10}
-# the paper's RTX 4090 figures (OxyGen, pi0.5 bf16) the summary sets the measured ones beside
-PAPER_4090 = {"prefill_ms": 44.0, "denoise_ms": 20.5, "decode_ms_per_token": 13.1, "speedup_n30_k1": 3.7,
-              "action_hz_n30_k1": 70.0, "tokens_per_s_n30_k1": 200.0}
 HANG_ENV = "OXYGEN_GPU_SUITE_HANG_AT"  # rehearsal only: sleep at this stage's start, so a test can time the run out
 
 
@@ -132,15 +113,15 @@ def _default(model, res: Results, dev: torch.device, graphs: str, frames: int, r
 
 
 def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames: int, label: str) -> list[dict]:
-    from oxygen_ros.bench.side_by_side import measure_plan
+    from oxygen_ros.bench.report import vs_isolated
+    from oxygen_ros.bench.runner import measure_plan
 
     _reset_peak(dev)
     t = time.perf_counter()
     points = measure_plan(model, plan, frames)
     iso = next((p for p in points if p["engine"] == "isolated"), None)
     for p in points:
-        extra = {} if iso is None else {"speedup_vs_isolated": iso["frame_ms_mean"] / p["frame_ms_mean"],
-                                        "speedup_vs_isolated_median": iso["frame_ms_median"] / p["frame_ms_median"]}
+        extra = {} if iso is None else vs_isolated(p, iso)
         res.write(stage, "point", group=label, **_slim(p), **extra, peak_allocated_bytes=_peak(dev),
                   group_seconds=time.perf_counter() - t)
     return points
@@ -148,7 +129,7 @@ def _plan_group(model, res: Results, dev: torch.device, stage: str, plan, frames
 
 def _headline(model, res: Results, dev: torch.device, graphs: str, frames: int, repeats: int,
               left: Callable[[], float]) -> None:
-    from oxygen_ros.bench.side_by_side import make_plan
+    from oxygen_ros.bench.runner import make_plan
     from oxygen_ros.study.workload import Workload
 
     steps = model.config.num_steps
@@ -164,8 +145,8 @@ def _headline(model, res: Results, dev: torch.device, graphs: str, frames: int, 
 
 def _stages(model, res: Results, dev: torch.device, graphs: str, frames: int, repeats: int,
             left: Callable[[], float]) -> None:
+    from oxygen_ros.bench.frame_overhead import stage_overhead
     from oxygen_ros.bench.observation import benchmark_prompt_len
-    from oxygen_ros.bench.overhead import stage_overhead
 
     def done(name: str, r: dict) -> None:
         res.write("stages", "stage", name=name, **{k: v for k, v in r.items() if k != "samples"})
@@ -299,10 +280,8 @@ def summarize(out: Path) -> str:
                   "|---|---|---|---|---|"]
         for s in st:
             g = s.get("graphs_s")
-            lines.append(f"| {s['name']} | {1e3 * s['eager_s']:.2f} | {1e3 * s['fused_s']:.2f} | "
-                         f"{'-' if g is None else f'{1e3 * g:.2f}'} | "
-                         f"{s['graphs_speedup']:.2f}x |" if g is not None else
-                         f"| {s['name']} | {1e3 * s['eager_s']:.2f} | {1e3 * s['fused_s']:.2f} | - | - |")
+            captured = "- | -" if g is None else f"{1e3 * g:.2f} | {s['graphs_speedup']:.2f}x"
+            lines.append(f"| {s['name']} | {1e3 * s['eager_s']:.2f} | {1e3 * s['fused_s']:.2f} | {captured} |")
         lines.append("")
     for r in recs:
         if r["kind"] == "frames":
@@ -336,12 +315,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--budget-s", type=float, default=300.0, help="seconds for the build and all stages")
     ap.add_argument("--stages", nargs="+", default=list(STAGES), choices=STAGES)
     a = ap.parse_args(argv)
-    if not a.summarize:
-        try:
+    try:
+        if not a.summarize:
             run(a.out, a.config, a.device, a.precision, a.graphs, a.frames, a.budget_s, a.stages, a.repeats)
-        finally:
-            (a.out / "summary.md").write_text(summarize(a.out))
-    else:
+    finally:
         (a.out / "summary.md").write_text(summarize(a.out))
 
 

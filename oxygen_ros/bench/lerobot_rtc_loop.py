@@ -1,25 +1,8 @@
-"""Real-time chunking on LeRobot's async path, measured in closed loop: the tabletop world driven through
-``oxygen-serve --protocol lerobot`` by a RobotClient-shaped loop, against LeRobot's default ``weighted_average``.
+"""Real-time chunking on LeRobot's async path in closed loop: the tabletop world through
+``oxygen-serve --protocol lerobot`` by a RobotClient-shaped loop, ``latest_only`` / ``weighted_average`` / ``rtc``
+(docs/benchmarks.md). Writes ``results.json``, ``table.md`` and ``plot.png``.
 
     python -m oxygen_ros.bench.lerobot_rtc_loop --episodes 20 --delays 1 2 3 [--out runs/lerobot_async_rtc]
-
-The server is the real gRPC server (:class:`~oxygen_ros.serve.lerobot_async.server.LeRobotServer` on 127.0.0.1, the
-embedded toy checkpoint); the client speaks LeRobot's protocol over a real channel as ``RobotClient`` does:
-``Ready`` + ``SendPolicyInstructions`` per episode, then per frame a pickled ``TimedObservation`` (motor values by
-name, camera images, ``task``; ``timestep`` = the world step it was taken at, ``must_go``) in chunks and
-``GetActions``. The chunk's action i is the command for step ``timestep + i`` (LeRobot's ``TimedAction`` timesteps),
-and it takes over ``d`` steps after its observation (:class:`~oxygen_ros.toy.world.delayed.DelayedExecutor`: the world
-keeps executing the current actions while the next chunk is computed; simulated time, so the result does not depend
-on this host's speed). Strategies, on the same episodes and the same noise per frame:
-
-- ``latest_only``: LeRobot's ``aggregate_fn_name=latest_only``, the server without RTC (the naive switch);
-- ``weighted_average``: LeRobot's default aggregation (0.3 old + 0.7 new where chunks overlap), no RTC;
-- ``rtc``: the server's real-time chunking (``--lerobot-rtc on``, the delay fixed to d with ``--rtc-delay``), the
-  client replacing its queue (``latest_only``): each chunk continues the one last sent from the observation's
-  timestep on.
-
-Per (strategy, d): success, the jump of the commanded action at each chunk switch and the jerk
-(:func:`~oxygen_ros.toy.train.rtc_eval.summarize`). Writes ``results.json``, ``table.md`` and ``plot.png``.
 """
 
 from __future__ import annotations

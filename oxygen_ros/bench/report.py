@@ -33,14 +33,27 @@ def save_figure(fig, path: Path, tight: bool = True) -> Path:
     return path
 
 
-def write_run(out: Path, res: dict, table: str, plot: Callable[[dict, Path], Path], png: str) -> None:
-    """A benchmark run's files in ``out``: ``results.json``, ``summary.md`` (``table``) and ``png`` drawn by
-    ``plot``; the table is printed."""
+def write_run(out: Path, res: dict, table: str, plot: Callable[[dict, Path], object] | None = None,
+              png: str | None = None, echo: bool = True) -> str:
+    """A benchmark run's files in ``out``: ``results.json``, ``summary.md`` (``table``, printed where ``echo``) and
+    the figures ``plot`` draws into ``out / png`` (into ``out`` without ``png``; none without matplotlib)."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
     (out / "summary.md").write_text(table + "\n")
-    plot(res, out / png)
-    print(table)
+    if plot is not None:
+        try:
+            plot(res, out / png if png else out)
+        except ImportError:
+            print("matplotlib is not installed: no plots")
+    if echo:
+        print(table)
+    return table
+
+
+def vs_isolated(p: dict, base: dict) -> dict:
+    """A point's speedup over the isolated point ``base``: mean- and median-based."""
+    return {"speedup_vs_isolated": base["frame_ms_mean"] / p["frame_ms_mean"],
+            "speedup_vs_isolated_median": base["frame_ms_median"] / p["frame_ms_median"]}
 
 
 def add_derived(points: list[dict], profile: dict) -> None:
@@ -51,8 +64,7 @@ def add_derived(points: list[dict], profile: dict) -> None:
     for p in points:
         base = next((q for q in points if q["engine"] == "isolated" and q["N"] == p["N"]), None)
         if base:
-            p["speedup_vs_isolated"] = base["frame_ms_mean"] / p["frame_ms_mean"]
-            p["speedup_vs_isolated_median"] = base["frame_ms_median"] / p["frame_ms_median"]
+            p |= vs_isolated(p, base)
             p["token_rate_vs_isolated"] = p["tokens_per_s"] / base["tokens_per_s"] if base["tokens_per_s"] else None
             p["predicted_speedup"] = base["predicted_frame_ms"] / p["predicted_frame_ms"]
             p["memory_vs_isolated"] = p["memory_bytes"] / base["memory_bytes"]
@@ -74,12 +86,3 @@ def markdown_table(points: list[dict]) -> str:
             f"{100 * p['manager_share']:.2f} | {100 * p.get('unaccounted_share', nan):.2f} | {p['batch_mean']:.1f} | "
             f"{p.get('memory_vs_isolated', nan):.3f} |")
     return "\n".join(rows)
-
-
-def write_results(result: dict, out: Path) -> str:
-    """``out/results.json`` and ``out/summary.md``; returns the table."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2, default=str))
-    table = markdown_table(result["points"])
-    (out / "summary.md").write_text(table + "\n")
-    return table

@@ -1,18 +1,25 @@
-"""Run one benchmark point (engine x workload) and compute the paper's metrics."""
+"""Run benchmark points (engine x workload) and compute the paper's metrics; oxygen-bench's plan of engines side by
+side on one model (measured frames interleaved round-robin after each point's warm-up, the ``parallel`` baseline
+alone afterwards), with that model's stage profile predicting each engine's frame time (``cost_model``)."""
 
 from __future__ import annotations
 
 import math
 import platform
 import statistics
+import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 from torch import nn
 
+from oxygen_ros.bench.models import dtype_name
 from oxygen_ros.bench.observation import benchmark_prompt_len, dummy_observation
+from oxygen_ros.bench.profile import profile_stages
+from oxygen_ros.bench.progress import progress_bar
+from oxygen_ros.bench.report import add_derived
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.engine.model import Pi05Model
 from oxygen_ros.engine.requests import Frame, FrameResult
@@ -156,4 +163,62 @@ def summarize(records: list[FrameResult], ec: EngineConfig, workload: Workload, 
         "draft_accepted": sum(r.draft_accepted for r in records),
         "memory_bytes": engine.memory_bytes(),
         "num_heads": 1 + (len(heads) if heads else 0),
+    }
+
+
+Plan = list[tuple[EngineConfig, Workload]]
+
+
+def make_plan(ns: list[int], engines: list[str], ks: list[int | str], num_steps: int, template: Workload,
+              deadline_s: float | None = None) -> Plan:
+    """One point per N x engine (x k for oxygen; the other engines take the first k), in that order.
+
+    ``template`` is the workload with every field but ``max_new_tokens``, which each point sets to its N."""
+    plan = []
+    for n in ns:
+        for mode in engines:
+            for k in ks if mode == "oxygen" else [ks[0]]:
+                ec = EngineConfig(mode=mode, num_steps=num_steps, k=k, deadline_s=deadline_s, eos_id=-1,
+                                  max_new_tokens=max(ns), max_inflight=pool_size(n, k, template.burst_size))
+                plan.append((ec, replace(template, max_new_tokens=n)))
+    return plan
+
+
+def profile_batches(ns: list[int], ks: list[int | str]) -> list[int]:
+    """Decode batch sizes to profile: powers of two up to 32 and the largest in-flight batch of the plan."""
+    max_batch = max(max(math.ceil(n / k) if isinstance(k, int) else n for n in ns for k in ks), 2)
+    return sorted({1, 2, 4, 8, 16, 32, max_batch})
+
+
+def measure_plan(model: Pi05Model, plan: Plan, frames: int, seed: int = 0,
+                 heads: nn.ModuleList | None = None) -> list[dict]:
+    """Every point's record, in plan order: the parallel points alone after the others, interleaved."""
+    total_frames = sum(warmup_frames(ec, wl) + frames for ec, wl in plan)
+    with progress_bar(total=total_frames, desc="benchmark frames (interleaved)") as bar:
+        tick = lambda _: bar.update(1)  # noqa: E731
+        # the parallel baseline's worker thread leaves its own OpenMP team spinning after each frame, which would
+        # slow whichever engine runs next: it is measured on its own, after the interleaved points
+        shared = [(ec, wl) for ec, wl in plan if ec.mode != "parallel"]
+        alone = [(ec, wl) for ec, wl in plan if ec.mode == "parallel"]
+        records = run_interleaved(model, shared, frames, seed, heads=heads, on_frame=tick)
+        records += [run_point(model, ec, wl, frames, seed, heads=heads, on_frame=tick) for ec, wl in alone]
+        order = [id(ec) for ec, _ in shared + alone]
+        return [records[order.index(id(ec))] for ec, _ in plan]
+
+
+def run_bench(model: Pi05Model, plan: Plan, frames: int, *, device: torch.device, preset: str, onednn: bool,
+              batches: list[int], seed: int = 0, heads: nn.ModuleList | None = None) -> dict:
+    """Profile the model's stages, measure the plan, derive predictions and ratios: the ``results.json`` dict."""
+    profile = profile_stages(model, batches, repeats=5, prompt_len=benchmark_prompt_len(model))
+    points = measure_plan(model, plan, frames, seed, heads)
+    add_derived(points, profile)
+    cfg = model.config
+    return {
+        "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "machine": machine_info(device),
+        "config": {"model": cfg.name, "preset": preset, "parameters": model.num_parameters(),
+                   "dtype": dtype_name(model.dtype), "onednn_linear": onednn, "S": cfg.num_steps,
+                   "H": cfg.action_horizon, "workload": plan[0][1].kind, "frames": frames},
+        "profile": profile,
+        "points": points,
     }

@@ -1,14 +1,8 @@
-"""``oxygen-serve`` under load: 1, 4 and 16 concurrent openpi clients, each a real
-``openpi_client.WebsocketClientPolicy`` in its own process (``serve_client.py``), against the batched server and an
-openpi-style serial server (each request alone, inside the event loop) on the same engine and model, side by side
-in one run. Writes ``results.json``, ``summary.md`` and ``serve.png`` to ``--out``.
+"""``oxygen-serve`` under load: 1, 4 and 16 concurrent openpi clients (``serve_client.py``) against the batched
+server and an openpi-style serial server, side by side (docs/benchmarks.md). Writes ``results.json``,
+``summary.md`` and ``serve.png`` to ``--out``.
 
     python -m oxygen_ros.bench.serve_bench --out runs/serve_small
-
-Reported per point: action chunks and actions per second (all clients together, from the first request sent to
-the last response received), p50 / p99 round trip, the server overhead (``server_timing.infer_ms`` minus
-``policy_timing.infer_ms``: request handling, queueing and the batching window; per request) and the largest
-difference between a client's actions under the two servers (same seed and request index: they must agree).
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from oxygen_ros.bench.report import save_figure, write_run
+from oxygen_ros.bench.report import save_figure, subplots, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.threads import run_in_scratch_thread
 from oxygen_ros.policy.synthetic import make_random_checkpoint
@@ -84,12 +78,7 @@ def table(res: dict) -> str:
 
 
 def plot(res: dict, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+    fig, (a, b) = subplots(1, 2, figsize=(10, 4))
     ns = res["clients"]
     x = np.arange(len(ns))
     for j, (mode, color) in enumerate((("serial", "tab:gray"), ("batched", "tab:green"))):

@@ -1,19 +1,7 @@
 """Frame timing under robot-like input load: a preset's node as a process, two cameras at 30 Hz and joint states at
-50 Hz from another process, for minutes; how often the node misses its control deadline, skips a tick, or acts on
-an observation twice.
+50 Hz from another process, for minutes; deadline misses, late ticks, repeated observations (docs/benchmarks.md).
 
     python -m oxygen_ros.bench.soak --config config/tabletop.yaml --duration 180 --out runs/soak_tabletop
-
-The node runs the preset unchanged (``instruction`` set, since no simulator publishes one), both processes with the
-project's DDS profile (``config/fastdds.xml``, as the launch file applies it). Counted over the
-measured window (after a warm-up), from the node's ``/diagnostics`` and its ``~/action_chunk`` messages:
-
-- deadline misses: frames that ended after their control tick's deadline (the next tick);
-- ``late_tick`` skips: ticks the node did not run because the previous frame left too little of the period;
-- repeated observations: chunks whose observation stamp is not newer than the previous chunk's (must be 0);
-- the chunks' rate, their inference latency (newest image's arrival -> chunk ready) and the gaps between them.
-
-Writes ``results.json``, ``summary.md`` and ``soak.png`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -34,7 +22,7 @@ from oxygen_ros.testing.probe import Probe, header_ns
 from oxygen_ros.testing.process import NodeProcess, ros_env, source_checkout
 from oxygen_ros.util.stats import percentile
 
-from .report import save_figure, write_run
+from .report import save_figure, subplots, write_run
 
 __all__ = ["main", "run_soak"]
 
@@ -66,6 +54,20 @@ def stop_load(load: subprocess.Popen | None) -> None:
         load.wait(timeout=10)
 
 
+def load_parser(doc: str, duration: float, warmup: float, out: str) -> argparse.ArgumentParser:
+    """The command line of the benchmarks on this load: the preset, the measured window, the load's cameras, the
+    DDS domain and ``--out`` (``doc``: the module docstring, its first paragraph the description)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--config", type=Path, default=(source_checkout() or Path.cwd()) / "config" / "tabletop.yaml")
+    ap.add_argument("--duration", type=float, default=duration, help="measured seconds (per run)")
+    ap.add_argument("--warmup", type=float, default=warmup, help="seconds after the first chunk or tick before "
+                    "measuring")
+    ap.add_argument("--camera-size", default="640x480", help="the load's camera images")
+    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
+    ap.add_argument("--out", type=Path, default=Path(out))
+    return ap
+
+
 def _counts(diag: dict[str, str]) -> dict[str, float]:
     out = {}
     for key, value in diag.items():
@@ -74,8 +76,6 @@ def _counts(diag: dict[str, str]) -> dict[str, float]:
         except ValueError:
             continue
     return out
-
-
 
 
 def run_soak(config: Path, duration_s: float, warmup_s: float, camera_size: str, camera_rate: float,
@@ -149,9 +149,7 @@ def _table(r: dict[str, Any]) -> str:
 
 
 def _plot(r: dict[str, Any], path: Path) -> None:
-    import matplotlib.pyplot as plt
-
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
+    fig, (a, b) = subplots(1, 2, figsize=(11, 3.6))
     t, lat = r["series"]["t_s"], r["series"]["latency_ms"]
     a.plot(t, lat, ".", ms=2)
     a.set(xlabel="observation time (s)", ylabel="chunk latency (ms)", title="inference latency per chunk")
@@ -166,16 +164,9 @@ def _plot(r: dict[str, Any], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    root = source_checkout() or Path.cwd()
-    ap.add_argument("--config", type=Path, default=root / "config" / "tabletop.yaml")
-    ap.add_argument("--duration", type=float, default=180.0, help="measured seconds")
-    ap.add_argument("--warmup", type=float, default=10.0, help="seconds after the first chunk before measuring")
-    ap.add_argument("--camera-size", default="640x480")
+    ap = load_parser(__doc__, duration=180.0, warmup=10.0, out="runs/soak_tabletop")
     ap.add_argument("--camera-rate", type=float, default=30.0)
     ap.add_argument("--joint-rate", type=float, default=50.0)
-    ap.add_argument("--domain-id", type=int, default=150 + os.getpid() % 60)
-    ap.add_argument("--out", type=Path, default=Path("runs/soak_tabletop"))
     args = ap.parse_args(argv)
     result = run_soak(args.config, args.duration, args.warmup, args.camera_size, args.camera_rate, args.joint_rate,
                       args.domain_id)

@@ -1,16 +1,5 @@
-"""Speculative decoding on the toy model's closed loop (memory stream), on and off side by side.
-
-Both engines see every frame's observation (alternating which goes first); speculation touches language only, so
-their action chunks are identical and one world is driven by them. Reported per variant: language tokens / s of
-engine time and of decode time, mean request latency in frames and seconds, decode forwards, the acceptance rate,
-and whether the texts are identical.
-
-Workloads: ``continuous`` (default): the stream keeps one request in flight, the next starting on the frame after
-the last finished, so tokens / s measures what decoding delivers (faster requests, more of them). Since the two
-variants then start requests on different frames, a third engine without speculation is given exactly the
-speculating engine's requests, frame for frame, and its texts are the reference. ``every_frame``: a request on
-every frame, the same requests for both (tokens / s is then bounded by the arrival rate; speculation shows in
-latency, decode time and frame time).
+"""Speculative decoding on the toy model's closed loop (memory stream), on and off side by side; workloads
+``continuous`` and ``every_frame`` (docs/benchmarks.md).
 """
 
 from __future__ import annotations

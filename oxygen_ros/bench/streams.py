@@ -1,36 +1,6 @@
-"""Multi-stream language workload, engines side by side (``oxygen-bench streams``).
+"""Multi-stream language workload, engines side by side (``oxygen-bench streams``; docs/benchmarks.md).
 
     oxygen-bench streams --config small --threads 1 --frames 30 --warmup 8 --max-minutes 10.5 --out runs/streams_small
-
-Several language streams share one robot's frames, each at its own cadence; the reference workload is
-
-  stream     arrivals                         max_new_tokens  prompt                          priority
-  question   Poisson, mean 0.4 per frame      24              8 seeded token ids per question  highest
-  memory     every 5th frame                  30              3 fixed token ids                middle
-  narration  every 2nd frame                  16              3 fixed token ids                lowest
-
-seeded and identical for every engine. A frame's requests are handed to the engine in descending priority (in
-``isolated`` / ``shared_kv`` a question is decoded first; with a ``priority`` field on ``LanguageRequest`` the
-engine sees it too). ``eos_id`` is -1: random weights, every request runs to its ``max_new_tokens``.
-
-All engines (``oxygen``, ``isolated``, ``shared_kv``) run on one model in one process and their frames are
-interleaved round-robin (the first engine of each round rotates), so host noise hits every engine alike; the
-statistics are median-based beside the paper's mean-based action frequency. After the measured frames each
-engine runs empty frames until its last request has finished (every request's latency is known; these drain
-frames are not frame-time samples).
-
-``oxygen`` runs with ``k=auto`` and a frame deadline of ``--deadline-factor`` (default 1.5) times the
-no-language frame time (prefill + denoise): the budget controller decodes only what fits before the deadline,
-so a question arriving (a new row and its prompt tokens) cannot make a frame late, which is what the p99 /
-median frame-time target checks. Like a robot's control period, the deadline is fixed while measuring; it is
-derived from the median of a few no-language frames timed just before the run and of every engine's warm-up
-frames' prefill + denoise (the same work), so it reflects the host's load when measuring starts
-(``--deadline-mode``: ``calibration`` uses the first frames only, ``tracking`` re-derives it before every
-frame from oxygen's last frames; ``--deadline-ms`` sets it). 1.5x leaves room for the workload's ~28 decode
-positions per frame on the small CPU config (a tighter deadline lets the backlog grow until k_min = 1 step per
-frame is all that fits; a much looser one gives up action frequency and lets frames alternate between a full
-budget and an empty one). ``--k 5`` gives a fixed budget instead. On a shared host every frame's prefill +
-denoise time is reported too: its own p99 / median is the host's part of the frame-time spread.
 
 Writes ``results.json``, ``summary.md``, ``frame_times.png`` and ``stream_latency.png`` into ``--out``.
 """
@@ -65,8 +35,6 @@ ENGINES = ("oxygen", "isolated", "shared_kv")
 TARGET_SPEEDUP = 1.5  # oxygen action frequency >= 1.5x isolated's
 TARGET_P99_OVER_MEDIAN = 1.3  # oxygen p99 frame time <= 1.3x its median
 DEFAULT_DEADLINE_FACTOR = 1.5
-# ``priority`` on LanguageRequest is optional (the scheduler's priority notion may or may not be there)
-_REQUEST_HAS_PRIORITY = "priority" in {f.name for f in dataclasses.fields(LanguageRequest)}
 
 
 @dataclass(frozen=True)
@@ -97,13 +65,6 @@ REFERENCE_STREAMS: tuple[StreamSpec, ...] = (
 )
 
 
-def make_request(spec: StreamSpec, prompt: list[int]) -> LanguageRequest:
-    """The stream's request (with its priority where ``LanguageRequest`` has that field)."""
-    extra = {"priority": spec.priority} if _REQUEST_HAS_PRIORITY else {}
-    return LanguageRequest(task=spec.name, max_new_tokens=spec.max_new_tokens, prompt_tokens=list(prompt),
-                           stream=spec.name, **extra)
-
-
 def stream_schedule(streams: Sequence[StreamSpec], frames: int, vocab_size: int,
                     seed: int = 0) -> list[list[LanguageRequest]]:
     """The requests of frames 0..frames-1, highest priority first within a frame (a fresh, reproducible list:
@@ -123,7 +84,8 @@ def stream_schedule(streams: Sequence[StreamSpec], frames: int, vocab_size: int,
                 count = int(f >= s.offset and (f - s.offset) % s.every_n_frames == 0)
             for _ in range(count):
                 prompt = rng.integers(3, high, s.prompt_len).tolist() if s.fresh_prompt else fixed[s.name]
-                reqs.append(make_request(s, prompt))
+                reqs.append(LanguageRequest(task=s.name, max_new_tokens=s.max_new_tokens, prompt_tokens=list(prompt),
+                                            stream=s.name, priority=s.priority))
         schedule.append(reqs)
     return schedule
 
@@ -260,11 +222,12 @@ def summarize_engine(run: StreamRun, horizon: int, streams: Sequence[StreamSpec]
     batches = [b for r in run.records for b in r.batch_sizes]
     stages = ("prefill", "language_prefill", "denoise", "decode", "manager")
     action = [r.timings.get("prefill", 0.0) + r.timings.get("denoise", 0.0) for r in run.records]
-    over = [t / d for t, d in zip(times, run.deadlines, strict=True)] if run.deadlines else None
+    dl = run.deadlines  # k=auto only
+    over = [t / d for t, d in zip(times, dl, strict=True)] if dl else None
     return {
         "engine": run.ec.mode, "k": run.ec.k if run.ec.mode == "oxygen" else None,
-        "deadline_ms": 1e3 * statistics.median(run.deadlines) if run.deadlines else None,  # median of frames'
-        "deadline_ms_all": [1e3 * d for d in run.deadlines] if run.deadlines else None,
+        "deadline_ms": 1e3 * statistics.median(dl) if dl else None,  # median of frames'
+        "deadline_ms_all": [1e3 * d for d in dl] if dl else None,
         "frames": len(times),
         "action_hz": horizon * len(times) / total,  # the paper's: H x frames / total frame time
         "action_hz_median": horizon / median,
@@ -277,9 +240,8 @@ def summarize_engine(run: StreamRun, horizon: int, streams: Sequence[StreamSpec]
         "p99_over_median_with_stalls": nearest_rank(times, 99) / median,
         "host_stalls": len(stalls),
         "host_stall_ms": [1e3 * times[i] for i in stalls],
-        "deadline_misses": sum(t > d for t, d in zip(times, run.deadlines, strict=True)) if run.deadlines else None,
-        "deadline_overrun_ms_max": (1e3 * max(t - d for t, d in zip(times, run.deadlines, strict=True))
-                                    if run.deadlines else None),
+        "deadline_misses": sum(t > d for t, d in zip(times, dl, strict=True)) if dl else None,
+        "deadline_overrun_ms_max": 1e3 * max(t - d for t, d in zip(times, dl, strict=True)) if dl else None,
         "frame_over_deadline_median": statistics.median(over) if over else None,
         "frame_over_deadline_p99": nearest_rank(over, 99) if over else None,
         # the host's share of the spread: prefill + denoise is the same work in every frame of every engine
@@ -420,7 +382,7 @@ def run_streams(model: Pi05Model, engines: Sequence[str] = ENGINES, frames: int 
     return {
         "workload": {"streams": [dataclasses.asdict(s) for s in streams], "frames": rounds - warmup,
                      "frames_planned": frames, "stopped_early": stopped_early, "warmup": warmup, "seed": seed,
-                     "priority_field": _REQUEST_HAS_PRIORITY,
+                     "priority_field": True,
                      "requests_per_frame": {s.name: s.rate or 1 / s.every_n_frames for s in streams}},
         "oxygen": {"k": k, "deadline": mode, "deadline_ms_first": 1e3 * first_s if mode else None,
                    "deadline_ms": summaries["oxygen"]["deadline_ms"] if "oxygen" in summaries else None,

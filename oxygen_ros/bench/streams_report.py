@@ -3,10 +3,9 @@ PNG, where it is installed): frame-time distribution and trace per engine, per-s
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from oxygen_ros.bench.report import COLORS, save_figure, subplots
+from oxygen_ros.bench.report import COLORS, save_figure, subplots, write_run
 
 # k=auto without --deadline-ms: the deadline is factor x the no-language frame time, measured ...
 DEADLINE_MODES = {
@@ -159,12 +158,4 @@ def markdown(res: dict) -> str:
 
 def write_results(res: dict, out: Path) -> str:
     """``out/results.json``, ``out/summary.md`` and the plots (where matplotlib is installed); returns the tables."""
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(res, indent=2, default=str))
-    table = markdown(res)
-    (out / "summary.md").write_text(table + "\n")
-    try:
-        plot_streams(res, out)
-    except ImportError:
-        print("matplotlib is not installed: no plots")
-    return table
+    return write_run(out, res, markdown(res), plot_streams, echo=False)

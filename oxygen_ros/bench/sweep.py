@@ -3,67 +3,74 @@
     python -m oxygen_ros.bench.sweep --suite all --mode quick --config small --out runs/sweep
     python -m oxygen_ros.bench.sweep --suite headline memory --config pi05 --device cuda --compile off default
 
-Suites (``--suite``, several allowed; ``all`` = every suite). N = tokens per request, k = decode budget per frame,
-S = denoise steps, E = action experts; libero preset and S = 10 unless a suite varies them:
-
-  headline  N=30: isolated, oxygen k=1, k=5; N=5: isolated, shared_kv (the headline targets; scripts/gpu_bench.sh)
-  tradeoff  action Hz vs tokens/s, isolated and oxygen k in {1,5,10} across N (Fig 4)
-  speedup   oxygen vs isolated at N=30 across presets x S x k (Fig 5); full mode adds k=5 across N (Fig 10)
-  ablation  isolated / shared_kv / oxygen k=5 across N, plus the no-language oracle: frames with no requests (Fig 6)
-  arrivals  oxygen k=5, N=30 under uniform rates, Poisson rates, random lengths, bursts: Hz and batch (Fig 7)
-  overhead  cache-manager share of the frame by batch size (N=30, k -> batch ceil(N/k)) (Table 7)
-  memory    engine.memory_bytes() per engine incl. parallel; on CUDA also max_memory_allocated per point (Table 3);
-            parallel only without torch.compile (its deep copy would still call the original's compiled forward)
-  stages    stage profile (prefill, denoise, decode step per batch) + shared_kv vs isolated across N (Table 6)
-  auto      k=auto vs fixed k, bursts of 8 every 8 frames, deadline = 1.3 x (prefill + denoise): misses and
-            backlog, with a per-frame trace of frame time and backlog (warm-up included)
-  heads     E = 1..4 action experts reading one prefix, isolated vs oxygen, N=30 (Table 1 / 4)
-
-Modes. ``quick`` (the README table; a few minutes on 2 CPU cores with ``small``): 4 measured frames per point
-(12 for auto), tradeoff N in {5,15,30} x k in {1,5,10}; speedup S=10 only, k in {1,5}, no Fig 10 grid; ablation
-N in {5,15,30}; arrivals: every frame / 2nd / 4th frame, Poisson 1.0, lengths 5-30, bursts of 4; overhead
-k in {1,5,10}; stages N in {1,5,15,30}; auto k in {auto,1,5}; heads E in {1,2,4} with oxygen k=5: 71 points, 40
-measured (the rest shared), about 5 minutes on 2 cores with ``small`` (estimated from its stage costs: prefill
-212 ms, denoise 122 ms, decode step 25 / 35 / 67 ms at batch 1 / 6 / 30). ``full``: the paper's grids (see
-``suites.GRIDS``), 20 measured frames per point (60 for auto): 228 points, 182 measured, about an hour with ``small``.
-``--frames`` overrides the measured frames of every point. Every point also runs its warm-up frames
-(runner.warmup_frames: ceil(N/k) + 2 for oxygen, 2 otherwise); ``--list`` prints the plan without running it.
-One model instance serves every point of a (preset, compile mode): S, k, N and the workload are engine parameters.
-
-Records. One JSON line per point in ``<out>/points.jsonl``, keyed by a stable id: the suite plus every
-parameter (engine, preset, S, N, k, workload, frames, config, device, dtype, compile, ...). A re-run skips
-finished ids. Points measuring the same thing in several suites (e.g. isolated N=30 in tradeoff, speedup,
-ablation) are measured once; later suites copy the record (``shared_with`` names the measured id). Every record
-carries the machine (runner.machine_info) and the model config. At the end ``summary.json`` (the points of this
-invocation + derived numbers: speedup, token-rate and memory ratios vs isolated at the same N / preset / S / E,
-predicted frame times from the stage profile, per-suite tables), ``summary.md`` and PNG plots per suite are written.
-A hidden ``profile`` point per preset (profile_stages) feeds the predictions and the auto suite's deadline.
-
-GPU (CUDA, bf16, ``--config pi05``, random weights). The model is built on the GPU, cast to bf16, then given
-init_random_weights. ``--compile off default`` measures each point without and with torch.compile (mode
-"default" or "max-autotune-no-cudagraphs"); compiled are the pieces with static or few shapes: the SigLIP tower,
-every RMSNorm / adaRMSNorm and GeGLU MLP (backbone, expert, extra heads); attention, the KV-cache writes and the
-engine's host-side scheduling stay eager. CUDA graphs are not used: decode changes its attention length every
-step and its batch every frame, and the engine's per-frame scheduling runs on the host, so a graph path needs
-static-shape decode (padded attention length, batch buckets) inside the model; "reduce-overhead" is therefore
-not offered. Where tqdm or matplotlib is missing (a bare GPU machine) the sweep runs without a progress bar and
-without plots; the JSON is still written.
+Suites: headline tradeoff speedup ablation arrivals overhead memory stages auto heads (``all``: every one); what
+each measures, the modes and the files written: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import time
 from pathlib import Path
 
 import torch
 
-from oxygen_ros.bench.measure import units
+from oxygen_ros.bench.cost_model import normalized_profile
+from oxygen_ros.bench.measure import measure, units
+from oxygen_ros.bench.model_pool import ModelPool
 from oxygen_ros.bench.models import DTYPES, dtype_name, onednn_applies, resolve_dtype
-from oxygen_ros.bench.points import COMPILE_MODES, Point, PointStore
+from oxygen_ros.bench.points import COMPILE_MODES, Point, PointStore, shared_record
+from oxygen_ros.bench.progress import progress_bar
+from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.bench.suites import GRIDS, SUITES, build_plan
-from oxygen_ros.bench.sweep_report import write_summary
-from oxygen_ros.bench.sweep_run import run_sweep
+from oxygen_ros.bench.sweep_report import summarize, write_summary
+
+
+def sweep_machine(device: torch.device) -> dict:
+    """runner.machine_info plus the Python version and the CPU count."""
+    return {**machine_info(device), "python": sys.version.split()[0], "cpu_count": os.cpu_count()}
+
+
+def profile_for(p: Point, plan: list[Point], store: PointStore) -> dict | None:
+    """The measured stage profile of ``p``'s model (preset, compile mode), if the plan has run it."""
+    for q in plan:
+        if q.engine == "profile" and (q.preset, q.compile) == (p.preset, p.compile) and q.id in store:
+            return normalized_profile(store.records[q.id]["profile"])
+    return None
+
+
+def run_plan(plan: list[Point], store: PointStore, pool: ModelPool, machine: dict) -> None:
+    """Measure every unfinished point, grouped so each model is built once; records are appended as they finish."""
+    pending = sorted((p for p in plan if p.id not in store), key=lambda p: p.model_key)
+    print(f"{len(plan)} points: {len(plan) - len(pending)} done, {len(pending)} to run")
+    with progress_bar(total=sum(units(p) for p in pending), desc="sweep", unit="frame") as bar:
+        for p in pending:
+            bar.set_postfix_str(p.label)
+            measured = store.measured(p.key)
+            if measured is not None:
+                store.append(shared_record(p, measured))
+                bar.update(units(p))
+                continue
+            profile = profile_for(p, plan, store)
+            t0 = time.perf_counter()
+            rec = measure(p, pool, profile, lambda: bar.update(1))
+            store.append({"id": p.id, "suite": p.suite, "key": p.key, "params": p.params(), **rec,
+                          "machine": machine, "model": pool.info, "created": time.strftime("%Y-%m-%d %H:%M:%S"),
+                          "elapsed_s": round(time.perf_counter() - t0, 3)})
+    pool.release()
+
+
+def run_sweep(plan: list[Point], store: PointStore, device: torch.device, dtype: torch.dtype, *, mode: str,
+              config: str, compile_modes: list[str], command: list[str], compile_backend: str = "inductor") -> dict:
+    """Run ``plan`` into ``store``; returns the summary of its records, headed by what was run where."""
+    machine = sweep_machine(device)
+    run_plan(plan, store, ModelPool(device, dtype, compile_backend), machine)
+    meta = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "command": command, "mode": mode, "machine": machine,
+            "context": {"config": config, "device": device.type, "dtype": dtype_name(dtype),
+                        "compile": compile_modes, "suites": list(dict.fromkeys(p.suite for p in plan))}}
+    return summarize([store.records[p.id] for p in plan], meta)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -112,7 +119,7 @@ def print_plan(plan: list[Point], store: PointStore) -> None:
 def plot_sweep(summary: dict, out: Path) -> list[Path]:
     """PNG plots per suite; none (with a note) where matplotlib is not installed."""
     try:
-        from oxygen_ros.bench.sweep_plots import plot_all
+        from oxygen_ros.bench.plots import plot_all
 
         return plot_all(summary, out)
     except ImportError as e:

@@ -1,6 +1,5 @@
-"""The sweep's summary: derived numbers (ratios, predictions, targets), per-suite tables, summary.json / .md.
-
-``row`` is the flat view of a stored record that the tables and the plots (``sweep_plots``) use.
+"""The sweep's summary: derived numbers (ratios, predictions, targets), per-suite tables, summary.json / .md;
+``row`` is the flat view of a stored record that the tables and the plots use.
 """
 
 from __future__ import annotations

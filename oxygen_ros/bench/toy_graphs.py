@@ -1,11 +1,5 @@
 """Static-shape steps on the embedded model's closed loop: the toy pi0.5 in the tabletop world, graphs off and on
-side by side (``python -m oxygen_ros.bench.toy_graphs --out runs/toy_graphs``).
-
-Both engines see every frame's observation (alternating which goes first) with a continuous memory stream and a
-narration every 2nd frame; one world is driven by the eager engine's chunks. Reported per variant: engine
-build time (compiling / capturing every step), median and mean frame time, frames over 5x the median; and
-whether the chunks (within 1e-4) and the texts agree. The toy model is small enough that its frame is made of
-per-operation cost, which is what the static-shape steps remove.
+side by side (``python -m oxygen_ros.bench.toy_graphs --out runs/toy_graphs``; docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -18,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from oxygen_ros.bench.frame_overhead import stage_overhead
 from oxygen_ros.bench.observation import benchmark_prompt_len
-from oxygen_ros.bench.overhead import stage_overhead
 from oxygen_ros.bench.progress import progress_bar
-from oxygen_ros.bench.report import save_figure, write_run
+from oxygen_ros.bench.report import save_figure, subplots, write_run
 from oxygen_ros.bench.runner import machine_info
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import RawObservation, load_policy
@@ -35,7 +29,7 @@ def run(graphs: str = "compile", episodes: int = 20, max_steps: int = 60, k: int
         max_inflight: int = 8, model_dir: Path = TOY_MODEL_DIR, first_seed: int = 100,
         stage_repeats: int = 9) -> dict:
     """The ``results.json`` dict: eager (``off``) against ``graphs`` on the toy closed loop, then (with
-    ``stage_repeats``) the stages of the same model (``bench.overhead.stage_overhead``)."""
+    ``stage_repeats``) the stages of the same model (``bench.frame_overhead.stage_overhead``)."""
     policy = load_policy(model_dir)
     tok = policy.tokenizer
     streams = [LanguageSchedule(0, "memory", "", max_new_tokens, 32, name="memory", trigger="continuous"),
@@ -112,13 +106,8 @@ def summary(res: dict) -> str:
 
 def plot(res: dict, path: Path) -> Path:
     """Frame time per frame, graphs off and on."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     g = res["config"]["graphs"]
-    fig, ax = plt.subplots(figsize=(8, 3.5))
+    fig, ax = subplots(figsize=(8, 3.5))
     for name in ("off", g):
         ax.plot(res[name]["frame_ms"], label=f"{name}: median {res[name]['frame_ms_median']:.1f} ms")
     ax.set_xlabel("frame")
