@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import operator
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import torch
 from torch import nn
 
 from .baselines import ParallelEngine
+from .kv_cache import KVCache
 from .lora import LoraAdapter
 from .model import Pi05Model, Prefix
 from .model_runner import ModelRunner
@@ -27,7 +27,7 @@ from .modes import UNBOUNDED, EngineConfig, ModeSpec
 from .observation import Observation, stack_observations
 from .requests import ActionCallback, BatchActionCallback, FinishedRequest, Frame, FrameResult, LanguageRequest
 from .rtc import RTCPrefix
-from .scheduler import Scheduler
+from .scheduler import BudgetController, RequestState, Scheduler, SlotAllocator
 from .speculative import DraftSource, LastOutputDrafts, acceptance_rate
 from .timing import Stopwatch
 
@@ -36,11 +36,6 @@ log = logging.getLogger(__name__)
 
 __all__ = ["UNBOUNDED", "ActionCallback", "BatchActionCallback", "Engine", "EngineConfig", "FinishedRequest",
            "Frame", "FrameResult", "LanguageRequest", "ParallelEngine", "build_engine"]
-
-
-def _part(path: str, doc: str) -> property:
-    """A read-only property that reads ``self.<path>`` (a dotted attribute path)."""
-    return property(operator.attrgetter(path), doc=doc)
 
 
 @dataclass
@@ -105,12 +100,30 @@ class Engine:
         """Unfinished language requests."""
         return len(self.scheduler.inflight)
 
-    # the parts' state, read through: ``engine.slots`` is ``engine.scheduler.slots``
-    inflight = _part("scheduler.inflight", "The unfinished language requests (list[RequestState]), oldest first.")
-    slots = _part("scheduler.slots", "The KV pool's slot allocator (SlotAllocator).")
-    budget = _part("scheduler.budget", "The per-frame decode budget (BudgetController).")
-    model = _part("runner.model", "The model this engine runs (Pi05Model).")
-    cache = _part("runner.cache", "The KV pool (KVCache).")
+    @property
+    def inflight(self) -> list[RequestState]:
+        """The unfinished language requests, oldest first."""
+        return self.scheduler.inflight
+
+    @property
+    def slots(self) -> SlotAllocator:
+        """The KV pool's slot allocator."""
+        return self.scheduler.slots
+
+    @property
+    def budget(self) -> BudgetController:
+        """The per-frame decode budget."""
+        return self.scheduler.budget
+
+    @property
+    def model(self) -> Pi05Model:
+        """The model this engine runs."""
+        return self.runner.model
+
+    @property
+    def cache(self) -> KVCache:
+        """The KV pool."""
+        return self.runner.cache
 
     @property
     def acceptance_rate(self) -> float | None:
