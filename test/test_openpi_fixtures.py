@@ -18,6 +18,7 @@ import torch
 from conftest import eager_stages, made_on_this_host
 from safetensors.torch import load_file
 
+from oxygen_ros.engine.backends.packed_linear import packed_available
 from oxygen_ros.policy import RawObservation, SpecOptions, load_policy
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "openpi"
@@ -140,7 +141,11 @@ def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) ->
     """The steps compiled ahead of time (``graphs: aot``, what the node loads after ``oxygen-compile``) give our
     eager ``bfloat16_islands`` actions bit for bit on the LIBERO fixture (a 968-token prefix: Inductor's own mean,
     softmax and layer-norm reductions would move them; ``engine/exact_ops.py`` keeps ATen's), hence openpi's bf16
-    actions exactly on the fixture's own host. About two minutes of AOTInductor."""
+    actions exactly on the fixture's own host. About two minutes of AOTInductor.
+
+    On a CPU without native bf16 (AVX2 only: oneDNN refuses bf16 there, ``packed_available(torch.bfloat16)`` is
+    false) Inductor's bf16 kernels reorder reductions: measured 0.0175 on an AMD EPYC with AVX2, half the fixture's
+    bf16 noise floor, so there the bound is twice that floor, as for another host's GEMM kernels."""
     from oxygen_ros.engine.engine import EngineConfig, build_engine
     from oxygen_ros.engine.requests import Frame
 
@@ -153,6 +158,8 @@ def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) ->
                                                      max_new_tokens=4, compile_cache_dir=str(tmp_path)))
     assert engine.graphs_backend == "aot"
     reference, exact = bf16_reference(root)
+    native_bf16 = packed_available(torch.bfloat16)
+    tolerance = 2 * json.loads((FIXTURES / "noise_floor_bf16.json").read_text())["fixtures"][name]["noise_floor"]
     inputs, e16 = load_file(str(root / "inputs.safetensors")), load_file(str(reference))
     meta = json.loads((root / "inputs.json").read_text())
     for s in range(meta["samples"]):
@@ -164,6 +171,10 @@ def test_compiled_steps_equal_eager_bit_for_bit_under_islands(tmp_path: Path) ->
         prepared = policy.prepare(raw)
         res = engine.step(Frame(prepared.observation, [], [torch.from_numpy(obs["noise"])[None]]))
         compiled = policy.postprocess(res.actions[0], prepared)
-        np.testing.assert_array_equal(compiled, eager, err_msg=f"{name} s{s}: aot != eager")
-        if exact:
+        if native_bf16:
+            np.testing.assert_array_equal(compiled, eager, err_msg=f"{name} s{s}: aot != eager")
+        else:
+            err = float(np.abs(compiled - eager).max())
+            assert err <= tolerance, f"{name} s{s}: aot vs eager {err:.3g} > {tolerance:.3g} (this CPU has no bf16)"
+        if exact and native_bf16:
             np.testing.assert_array_equal(compiled, e16[f"s{s}/actions"].numpy())
