@@ -200,21 +200,6 @@ class Listener:
         self._thread.join(timeout=2.0)
 
 
-def call_service(node: Node, srv_type: type, name: str, request: Any, timeout: float = 60.0) -> Any:
-    """Call service ``name`` from ``node`` (spun elsewhere); the response, or None after ``timeout`` seconds."""
-    client = node.create_client(srv_type, name)
-    try:
-        if not client.wait_for_service(timeout_sec=timeout):
-            return None
-        future = client.call_async(request)
-        end = time.monotonic() + timeout
-        while not future.done() and time.monotonic() < end:
-            time.sleep(0.02)
-        return future.result() if future.done() else None
-    finally:
-        node.destroy_client(client)
-
-
 def wait_for(predicate: Callable[[], bool], timeout: float) -> bool:
     """Poll ``predicate`` until it holds or ``timeout`` seconds pass."""
     end = time.monotonic() + timeout

@@ -3,10 +3,10 @@ JPEG camera at 30 Hz, BEST_EFFORT, into the node as a separate process.
 
 - side by side, at the same time: a node and publisher with the project's Fast DDS profile (config/fastdds.xml,
   applied through ``dds_profile_environment`` as the launch file applies it) and a pair with the default settings.
-  With the profile the raw streams arrive at least 1/0.6 times as often as with the default settings, no camera
+  With the profile at most a quarter as many raw images are lost as with the default settings, no camera
   goes silent, and the node acts on them (chunks stamped with the streamed
   images); the default settings' node warns and names the causes.
-  Relative comparisons, never a fixed share: a loaded host delays images for both alike;
+  Relative comparisons, never a fixed share: how much the default settings lose depends on the host's load;
 - a RELIABLE-only camera subscription against a BEST_EFFORT publisher is reported as a QoS incompatibility.
 """
 
@@ -152,9 +152,9 @@ RAW = [cam for cam, s in zip(CAMS, STREAMS, strict=True) if s.endswith(":rgb8")]
 def test_hd_streams_reach_the_node_with_the_profile_where_the_default_settings_lose_them(checkpoint) -> None:
     """Side by side, at the same time on the same host (whatever its load): the same four streams into a node with
     the project's DDS profile and into one with the default settings. The profile's promise: large raw images
-    arrive, no camera goes silent and the node acts on them, where the default settings lose most raw images and
-    that node says so and names the causes. Shares are compared, never fixed: a loaded host's CPU delays every
-    stream alike."""
+    arrive, no camera goes silent and the node acts on them, where the default settings lose raw images and that
+    node says so and names the causes. The losses are compared, never fixed: how many the default settings lose
+    depends on the host's load."""
     with node_session(checkpoint, True, 0) as (node, probe, dom), \
             node_session(checkpoint, False, 1) as (plain_node, plain_probe, plain_dom):
         wait_active(node, probe)
@@ -180,11 +180,12 @@ def test_hd_streams_reach_the_node_with_the_profile_where_the_default_settings_l
               {k: v for k, v in plain_d.items() if k.endswith((".silent", ".lossy", ".lost"))})
 
         # the profile: the large raw images arrive (their size no longer decides), where the default settings lose
-        # them. Everything is side by side: what a loaded host's CPU takes from a node it takes from both nodes and
-        # from every stream alike, so no share is fixed.
-        raw_share = sum(got[c] for c in RAW) / sum(sent[c] for c in RAW)
-        plain_raw_share = sum(plain_got[c] for c in RAW) / sum(plain_sent[c] for c in RAW)
-        assert plain_raw_share <= 0.6 * raw_share, report
+        # them, side by side. How much the default settings lose varies with the load (measured beside two CPU hogs: 23-37% of the raw
+        # images at load 3, 92% at load 6); what holds is the ratio: the profile loses at most a quarter as many
+        # (measured: 0-3 of 543), or at most 1% of those sent (an image at a stream's edge).
+        raw_lost = sum(sent[c] - got[c] for c in RAW)
+        plain_raw_lost = sum(plain_sent[c] - plain_got[c] for c in RAW)
+        assert plain_raw_lost > 0 and raw_lost <= max(plain_raw_lost / 4, 0.01 * sum(sent[c] for c in RAW)), report
         # while they streamed, no camera of the profile's node went silent (the "lossy" flag is a fixed 20% of
         # recent images: a loaded host's starved reader can pass it with the profile too, so it is reported, not
         # asserted)

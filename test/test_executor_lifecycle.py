@@ -22,17 +22,12 @@ from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 
 from oxygen_ros.testing import NodeProcess  # noqa: E402
 from oxygen_ros.testing.executor_probe import ExecutorProbe  # noqa: E402
+from oxygen_ros.testing.services import call, change_state  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
 DOMAIN = 140 + (os.getpid() * 17 + 11) % 80
 VMAX = 0.5
-
-
-def call(probe: ExecutorProbe, client, request, timeout: float = 30.0):
-    future = client.call_async(request)
-    assert probe.wait_for(future.done, timeout), f"no answer from {client.srv_name}"
-    return future.result()
 
 
 def test_lifecycle_transitions_with_the_hold_on_deactivate() -> None:
@@ -45,7 +40,8 @@ def test_lifecycle_transitions_with_the_hold_on_deactivate() -> None:
         get = pr.node.create_client(GetState, "/oxygen_executor/get_state")
         assert change.wait_for_service(timeout_sec=40) and get.wait_for_service(timeout_sec=10), proc.output()
         assert pr.wait_for_executor(40, active=False), proc.output()
-        state = lambda: call(pr, get, GetState.Request()).current_state.label  # noqa: E731
+        state = lambda: call(get, GetState.Request()).current_state.label  # noqa: E731
+        transition = lambda t: change_state(change, get, t)  # noqa: E731
         names, measured = ["a", "b"], [0.2, -0.1]
 
         def tracked() -> list[float]:  # a robot that tracks every setpoint
@@ -55,11 +51,11 @@ def test_lifecycle_transitions_with_the_hold_on_deactivate() -> None:
         assert state() == "unconfigured"
         time.sleep(0.5)
         assert pr.got_executed() == [] and pr.got_outputs() == []  # nothing before activate
-        assert call(pr, change, ChangeState.Request(transition=Transition(id=Transition.TRANSITION_CONFIGURE))).success
+        assert transition(Transition.TRANSITION_CONFIGURE)
         assert state() == "inactive"
         time.sleep(0.5)
         assert pr.got_outputs() == []
-        assert call(pr, change, ChangeState.Request(transition=Transition(id=Transition.TRANSITION_ACTIVATE))).success
+        assert transition(Transition.TRANSITION_ACTIVATE)
         assert state() == "active"
 
         def feed(seconds: float, frame0: int) -> int:  # chunks moving both joints up at 0.3 /s, every 100 ms
@@ -78,8 +74,7 @@ def test_lifecycle_transitions_with_the_hold_on_deactivate() -> None:
         assert moving[-1].position[0] > moving[0].position[0] + 0.05  # it follows the chunks
 
         before = len(pr.got_outputs())
-        assert call(pr, change, ChangeState.Request(transition=Transition(id=Transition.TRANSITION_DEACTIVATE))
-                    ).success
+        assert transition(Transition.TRANSITION_DEACTIVATE)
         assert state() == "inactive"
         held = pr.got_outputs()[before:]
         n_after = len(pr.got_outputs())
@@ -96,7 +91,7 @@ def test_lifecycle_transitions_with_the_hold_on_deactivate() -> None:
             pr.diagnostics  # a chunk while inactive is not used (counted)
         assert pr.diagnostic("lifecycle") == "inactive"
 
-        assert call(pr, change, ChangeState.Request(transition=Transition(id=Transition.TRANSITION_ACTIVATE))).success
+        assert transition(Transition.TRANSITION_ACTIVATE)
         n0 = len(pr.got_outputs())
         feed(0.5, frame + 200)
         resumed = pr.got_outputs()[n0:]

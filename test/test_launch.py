@@ -30,7 +30,6 @@ from launch_support import (
     Listener,
     Recorder,
     assert_clean_exit,
-    call_service,
     including,
     launch_pytest,
     params_file,
@@ -47,6 +46,7 @@ from oxygen_ros.msg import ActionChunk  # noqa: E402
 
 from oxygen_ros.ros.dds import profile_env_var  # noqa: E402
 from oxygen_ros.testing import Probe, header_ns  # noqa: E402
+from oxygen_ros.testing.services import call, change_state  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------- bring-up
@@ -212,14 +212,14 @@ def test_autostart_false_is_driven_by_a_lifecycle_client(recorder: Recorder, ros
     flow), then deactivates it (chunks stop) through lifecycle_msgs services."""
     probe = Probe(CAMERAS, JOINTS, node="/oxygen", domain_id=ros_environment, name="lifecycle_probe")
 
+    get = probe.node.create_client(GetState, "/oxygen/get_state")
+    change_client = probe.node.create_client(ChangeState, "/oxygen/change_state")
+
     def state() -> str:
-        response = call_service(probe.node, GetState, "/oxygen/get_state", GetState.Request(), 30)
-        return "" if response is None else response.current_state.label
+        return call(get, GetState.Request(), 30).current_state.label
 
     def change(transition: int) -> bool:
-        response = call_service(probe.node, ChangeState, "/oxygen/change_state",
-                                ChangeState.Request(transition=Transition(id=transition)), 60)
-        return response is not None and response.success
+        return change_state(change_client, get, transition, 60)
 
     try:
         assert state() == "unconfigured", recorder.text("oxygen_node")

@@ -21,6 +21,7 @@ from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
 
 from oxygen_ros.testing import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
+from oxygen_ros.testing.services import call, change_state  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
@@ -55,9 +56,14 @@ def probe(node):
     p.close()
 
 
-def start_feeding(probe: Probe) -> None:
+@pytest.fixture(scope="module")
+def fed(probe, node) -> Probe:
+    """The probe streaming every camera, the joints and the instruction, and the node answering with chunks: what
+    every test after the missing-camera one needs, whichever of them runs alone."""
     probe.start_stream(10.0)
     probe.publish_instruction(INSTRUCTION)
+    assert probe.wait_for(lambda: len(probe.chunks()) >= 3, 20), node.output()
+    return probe
 
 
 def test_missing_cameras_give_no_chunk_and_a_diagnostic(node, probe) -> None:
@@ -66,9 +72,8 @@ def test_missing_cameras_give_no_chunk_and_a_diagnostic(node, probe) -> None:
     assert probe.diagnostics()["state"] == "active"
 
 
-def test_action_chunks_at_the_control_rate(node, probe) -> None:
-    start_feeding(probe)
-    assert probe.wait_for(lambda: len(probe.chunks()) >= 3, 10), node.output()
+def test_action_chunks_at_the_control_rate(node, fed) -> None:
+    probe = fed
     t0 = time.monotonic()
     time.sleep(3.0)
     chunks = probe.chunks(since=t0)
@@ -86,7 +91,7 @@ def test_action_chunks_at_the_control_rate(node, probe) -> None:
         assert 0 < c.inference_latency.sec * 1e9 + c.inference_latency.nanosec < 2e9
 
 
-def test_language_outputs_carry_their_origin_frame_stamp(node, probe) -> None:
+def test_language_outputs_carry_their_origin_frame_stamp(node, probe, fed) -> None:
     assert probe.wait_for(lambda: len(probe.language()) >= 3, 10), node.output()
     chunks = {c.frame_index: header_ns(c) for c in probe.chunks()}
     outputs = probe.language()
@@ -101,7 +106,7 @@ def test_language_outputs_carry_their_origin_frame_stamp(node, probe) -> None:
         assert 0 < out.latency.sec * 1e9 + out.latency.nanosec < 10e9, "from its frame's start, not a stamp"
 
 
-def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
+def test_trajectory_mode_publishes_valid_trajectories(node, probe, fed) -> None:
     """Each trajectory is stamped with its chunk's observation time; point i keeps time_from_start (i + 1) * dt
     (the action timing rule), and only the points still in the future when it was published remain."""
     assert probe.wait_for(lambda: len(probe.trajectories()) >= 2, 5)
@@ -120,7 +125,7 @@ def test_trajectory_mode_publishes_valid_trajectories(node, probe) -> None:
         np.testing.assert_allclose(positions, chunk_array(chunk)[first:], atol=1e-5)
 
 
-def test_stale_camera_stops_chunks_and_is_counted(node, probe) -> None:
+def test_stale_camera_stops_chunks_and_is_counted(node, probe, fed) -> None:
     before = probe.diagnostic_count("skipped.stale_camera")
     t_silent = probe.now_ns()
     probe.set_stream_cameras(["base_0_rgb"])  # the wrist camera goes silent
@@ -136,28 +141,18 @@ def test_stale_camera_stops_chunks_and_is_counted(node, probe) -> None:
     assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5), "chunks did not resume"
 
 
-def _call(probe: Probe, client, request, timeout: float = 5.0):
-    assert client.wait_for_service(timeout_sec=timeout)
-    future = client.call_async(request)
-    assert probe.wait_for(future.done, timeout)
-    return future.result()
-
-
-def test_lifecycle_deactivate_and_activate(node, probe) -> None:
+def test_lifecycle_deactivate_and_activate(node, probe, fed) -> None:
     change = probe.node.create_client(ChangeState, "/oxygen/change_state")
     get = probe.node.create_client(GetState, "/oxygen/get_state")
     try:
-        assert _call(probe, get, GetState.Request()).current_state.label == "active"
-        req = ChangeState.Request()
-        req.transition.id = Transition.TRANSITION_DEACTIVATE
-        assert _call(probe, change, req).success
+        assert call(get, GetState.Request(), 10.0).current_state.label == "active"
+        assert change_state(change, get, Transition.TRANSITION_DEACTIVATE, 20.0)
         time.sleep(1.0)  # a chunk published before the transition may still be in delivery on a busy host
         t0 = time.monotonic()
         time.sleep(1.0)
         assert probe.chunks(since=t0) == [], "an inactive node published"
-        assert _call(probe, get, GetState.Request()).current_state.label == "inactive"
-        req.transition.id = Transition.TRANSITION_ACTIVATE
-        assert _call(probe, change, req).success
+        assert call(get, GetState.Request(), 10.0).current_state.label == "inactive"
+        assert change_state(change, get, Transition.TRANSITION_ACTIVATE, 20.0)
         t1 = time.monotonic()
         assert probe.wait_for(lambda: len(probe.chunks(since=t1)) >= 2, 5), node.output()[-3000:]
     finally:

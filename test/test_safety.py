@@ -42,6 +42,7 @@ from std_msgs.msg import Bool, String  # noqa: E402
 from std_srvs.srv import SetBool  # noqa: E402
 
 from oxygen_ros.testing import NodeProcess, Probe, chunk_array, header_ns  # noqa: E402
+from oxygen_ros.testing.services import call, change_state  # noqa: E402
 
 SYNTHETIC = REPO / "config" / "synthetic.yaml"
 CAMERAS = [(c, f"/cameras/{c}/image_raw") for c in ("base_0_rgb", "left_wrist_0_rgb")]
@@ -96,27 +97,19 @@ class Robot:
         self._joint_timer = self.probe.node.create_timer(
             0.05, lambda: self.probe.publish_joints(0.0, JOINTS, [self.present[j] for j in JOINTS]))
 
-    def call(self, client, request, timeout: float = 10.0):
-        assert client.wait_for_service(timeout_sec=timeout), client.srv_name
-        future = client.call_async(request)
-        assert self.probe.wait_for(future.done, timeout), f"{client.srv_name} did not answer"
-        return future.result()
-
     def enable(self, on: bool) -> SetBool.Response:
-        return self.call(self.enable_client, SetBool.Request(data=on))
+        return call(self.enable_client, SetBool.Request(data=on), 10.0)
 
     def transition(self, transition_id: int) -> bool:
-        request = ChangeState.Request()
-        request.transition.id = transition_id
-        return self.call(self.change, request, 60.0).success
+        return change_state(self.change, self.get, transition_id, 60.0)
 
     def state(self) -> str:
-        return self.call(self.get, GetState.Request()).current_state.label
+        return call(self.get, GetState.Request(), 10.0).current_state.label
 
     def set_parameters(self, values: dict) -> None:
         request = SetParameters.Request(parameters=[Parameter(k, value=v).to_parameter_msg()
                                                     for k, v in values.items()])
-        assert all(r.successful for r in self.call(self.set_params, request).results)
+        assert all(r.successful for r in call(self.set_params, request, 10.0).results)
 
     def chunks_since(self, t_ns: int) -> list[tuple[int, ActionChunk]]:
         return [(t, c) for t, c in list(self.chunks) if t >= t_ns]
