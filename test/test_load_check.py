@@ -4,6 +4,7 @@ after the block, and rounds of a pytest selection with pass/fail and wall time p
 from __future__ import annotations
 
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -53,3 +54,13 @@ def test_rounds_report_pass_fail_and_wall_time(tmp_path: Path, capsys: pytest.Ca
     assert failed.line().startswith("round 1: FAIL (rc 1)")
     with pytest.raises(SystemExit):
         main(["--rounds", "0", "x"])
+
+
+def test_a_command_instead_of_pytest(tmp_path: Path) -> None:
+    """``--command``: the arguments run as they are (CI's entry point beside the hogs); its exit status decides."""
+    script = "import sys\nprint('ci: total 3 s: ' + sys.argv[1])\nsys.exit(0 if sys.argv[1] == 'passed' else 1)\n"
+    (tmp_path / "ci.py").write_text(script)
+    [ok] = load_check([sys.executable, "ci.py", "passed"], hogs=1, rounds=1, cwd=tmp_path, show=False, command=True)
+    assert ok.passed and ok.summary == "ci: total 3 s: passed", ok
+    [bad] = load_check([sys.executable, "ci.py", "FAILED"], hogs=0, rounds=1, cwd=tmp_path, show=False, command=True)
+    assert not bad.passed and bad.returncode == 1 and bad.summary == "ci: total 3 s: FAILED", bad

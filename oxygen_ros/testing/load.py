@@ -4,7 +4,8 @@ several times in a row beside them.
 ``python -m oxygen_ros.testing.load --hogs 2 --rounds 3 -- test/test_safety.py`` starts 2 hogs (each a Python
 busy loop on one core, bounded in time even if this process dies, killed at exit), runs the selection 3 times and
 prints one line per round (pass/fail, exit status, wall time, the pytest summary) and a final verdict. Exit 0 when
-every round passed. Needs nothing but the standard library.
+every round passed. With ``--command`` the arguments are a command instead (``--rounds 1 --command -- .ci/run``: CI
+beside the hogs). Needs nothing but the standard library.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ def _summary(output: str) -> str:
 
 def load_check(selection: Sequence[str], hogs: int = 2, rounds: int = 3, python: str = sys.executable,
                cwd: Path | None = None, log_dir: Path | None = None, round_timeout_s: float = 3600.0,
-               show: bool = True) -> list[RoundResult]:
+               show: bool = True, command: bool = False) -> list[RoundResult]:
     """Run ``python -m pytest <selection>`` ``rounds`` times in a row while ``hogs`` CPU hogs run (started once
-    for all rounds); each round's full output goes to ``log_dir/round_<i>.log`` when given."""
+    for all rounds); each round's full output goes to ``log_dir/round_<i>.log`` when given. With ``command`` the
+    selection is the command line itself (its last output line is the summary unless pytest's is found)."""
+    argv = list(selection) if command else [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection]
     results: list[RoundResult] = []
     with cpu_hogs(hogs, max_s=rounds * round_timeout_s + 60) as procs:
         if show:
@@ -86,8 +89,7 @@ def load_check(selection: Sequence[str], hogs: int = 2, rounds: int = 3, python:
         for i in range(1, rounds + 1):
             t0 = time.monotonic()
             try:
-                done = subprocess.run([python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *selection],
-                                      cwd=cwd, capture_output=True, text=True, timeout=round_timeout_s)
+                done = subprocess.run(argv, cwd=cwd, capture_output=True, text=True, timeout=round_timeout_s)
                 rc, output = done.returncode, done.stdout + done.stderr
             except subprocess.TimeoutExpired as e:
                 out = e.stdout or ""
@@ -104,20 +106,21 @@ def load_check(selection: Sequence[str], hogs: int = 2, rounds: int = 3, python:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m oxygen_ros.testing.load [--hogs N] [--rounds K] [--log-dir DIR] -- <pytest args>``."""
+    """``python -m oxygen_ros.testing.load [--hogs N] [--rounds K] [--log-dir DIR] [--command] -- <args>``."""
     p = argparse.ArgumentParser(prog="python -m oxygen_ros.testing.load", description=__doc__.split("\n\n")[0])
     p.add_argument("--hogs", type=int, default=2, help="CPU-bound processes beside the tests (default 2)")
     p.add_argument("--rounds", type=int, default=3, help="runs of the selection in a row (default 3)")
     p.add_argument("--log-dir", type=Path, help="write each round's pytest output here")
     p.add_argument("--round-timeout", type=float, default=3600.0, help="seconds before a round is stopped")
-    p.add_argument("selection", nargs="+", help="pytest arguments (files, -k ...), after --")
+    p.add_argument("--command", action="store_true", help="the arguments are a command (.ci/run), not pytest's")
+    p.add_argument("selection", nargs="+", help="pytest arguments (files, -k ...) or the command, after --")
     args = p.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a kill still ends the hogs (the block's finally)
     if args.hogs < 0 or args.rounds < 1:
         p.error("--hogs must be >= 0 and --rounds >= 1")
     t0 = time.monotonic()
     results = load_check(args.selection, args.hogs, args.rounds, log_dir=args.log_dir,
-                         round_timeout_s=args.round_timeout)
+                         round_timeout_s=args.round_timeout, command=args.command)
     passed = sum(r.passed for r in results)
     print(f"{passed}/{len(results)} rounds passed with {args.hogs} hog(s) in {time.monotonic() - t0:.1f} s",
           flush=True)
