@@ -180,9 +180,9 @@ def test_hd_streams_reach_the_node_with_the_profile_where_the_default_settings_l
               {k: v for k, v in plain_d.items() if k.endswith((".silent", ".lossy", ".lost"))})
 
         # the profile: the large raw images arrive (their size no longer decides), where the default settings lose
-        # them, side by side. How much the default settings lose varies with the load (measured beside two CPU hogs: 23-37% of the raw
-        # images at load 3, 92% at load 6); what holds is the ratio: the profile loses at most a quarter as many
-        # (measured: 0-3 of 543), or at most 1% of those sent (an image at a stream's edge).
+        # them, side by side. How many the default settings lose varies with the load (measured beside two CPU
+        # hogs: 23-37% of the raw images at load 3, 92% at load 6); what holds is the ratio: the profile loses at
+        # most a quarter as many (measured: 0-3 of 543), or at most 1% of those sent (an image at a stream's edge).
         raw_lost = sum(sent[c] - got[c] for c in RAW)
         plain_raw_lost = sum(plain_sent[c] - plain_got[c] for c in RAW)
         assert plain_raw_lost > 0 and raw_lost <= max(plain_raw_lost / 4, 0.01 * sum(sent[c] for c in RAW)), report
