@@ -52,6 +52,8 @@ def test_rounds_report_pass_fail_and_wall_time(tmp_path: Path, capsys: pytest.Ca
     [failed] = load_check(["test_sample.py"], hogs=0, rounds=1, cwd=tmp_path, show=False)
     assert not failed.passed and failed.returncode == 1 and "1 failed" in failed.summary
     assert failed.line().startswith("round 1: FAIL (rc 1)")
+    [quiet] = load_check(["-q", "test_sample.py"], hogs=0, rounds=1, cwd=tmp_path, show=False)  # -qq: no summary
+    assert quiet.summary.startswith("1 passed, 1 failed (counted from the progress): FAILED"), quiet.summary
     with pytest.raises(SystemExit):
         main(["--rounds", "0", "x"])
 

@@ -13,10 +13,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,12 +67,22 @@ class RoundResult:
         return f"round {self.round}: {verdict} (rc {self.returncode}) in {self.wall_s:.1f} s: {self.summary}"
 
 
+_PROGRESS = re.compile(r"^([.sxXFE]+)\s*(\[\s*\d+%\])?$")  # a pytest progress line: one character per test
+_OUTCOMES = {".": "passed", "F": "failed", "E": "error", "s": "skipped", "x": "xfailed", "X": "xpassed"}
+
+
 def _summary(output: str) -> str:
-    """pytest's final ``=== N passed ... in Xs ===`` line (or the last non-empty line)."""
+    """pytest's final ``=== N passed ... in Xs ===`` line; where ``-qq`` prints none, the outcomes counted from the
+    progress characters (and the first ``FAILED``/``ERROR`` line); else the last non-empty line."""
     lines = [ln.strip(" =") for ln in output.splitlines() if ln.strip()]
     for ln in reversed(lines):
         if (" passed" in ln or " failed" in ln or " error" in ln) and " in " in ln:
             return ln
+    counts = Counter(ch for ln in lines if (m := _PROGRESS.match(ln)) for ch in m.group(1))
+    if counts:
+        counted = ", ".join(f"{counts[ch]} {name}" for ch, name in _OUTCOMES.items() if counts[ch])
+        first_failure = next((ln for ln in lines if ln.startswith(("FAILED ", "ERROR "))), "")
+        return f"{counted} (counted from the progress){': ' + first_failure if first_failure else ''}"
     return lines[-1] if lines else ""
 
 
