@@ -15,6 +15,8 @@ from typing import Any
 from lifecycle_msgs.msg import Transition
 from lifecycle_msgs.srv import ChangeState, GetState
 
+from .probe import wait_for
+
 __all__ = ["TRANSITION_GOALS", "call", "change_state"]
 
 # the primary state each transition of the ROS 2 lifecycle ends in when it succeeds
@@ -28,10 +30,7 @@ TRANSITION_GOALS = {Transition.TRANSITION_CONFIGURE: "inactive", Transition.TRAN
 def _answer(client: Any, request: Any, seconds: float) -> Any | None:
     """One request; its response, or None if none came within ``seconds``."""
     future = client.call_async(request)
-    end = time.monotonic() + seconds
-    while not future.done() and time.monotonic() < end:
-        time.sleep(0.01)
-    if future.done():
+    if wait_for(future.done, seconds, 0.01):
         return future.result()
     client.remove_pending_request(future)
     return None
