@@ -250,6 +250,8 @@ def test_a_checkpoint_under_the_allowed_root_is_loaded_on_first_use(tmp_path: Pa
     shutil.copytree(FIXTURES / "lerobot_rtc" / "checkpoint", root / "third" / "checkpoint")
     (root / "escape").symlink_to(outside)  # resolves outside the root
     server = make_server("--allowed-root", str(root), "--max-checkpoints", "2")
+    workers = lambda: sum(t.name.startswith("lerobot-grpc") for t in threading.enumerate())  # noqa: E731
+    before = workers()  # (the shared server's, idle here)
     with server as port:
         channel, stub = stub_for(port)
         try:
@@ -274,6 +276,7 @@ def test_a_checkpoint_under_the_allowed_root_is_loaded_on_first_use(tmp_path: Pa
         raw = server._pending(observation(0, 0), client.config, client.served).raw
         want = server.pool.policy.infer(raw, seeded_noise(client.session.seed)(0, 12, 32))  # the same weights
         np.testing.assert_allclose(np.stack([a.action.numpy() for a in got]), want[:10], rtol=0, atol=1e-5)
+    assert workers() == before, "the stopped server's gRPC worker threads outlive it"
 
 
 # ---------------------------------------------------------------------------------------------- language

@@ -144,6 +144,7 @@ class LeRobotServer:
         self._lock = threading.Lock()
         self._log_lock = threading.Lock()
         self._server: grpc.Server | None = None
+        self._workers: futures.ThreadPoolExecutor | None = None
 
     @property
     def batcher(self) -> Batcher | None:
@@ -160,8 +161,8 @@ class LeRobotServer:
         self._default.batcher = Batcher(self.pool, self.window_s, self.max_batch)
         options = [("grpc.max_receive_message_length", self.limits.max_message_bytes),
                    ("grpc.max_send_message_length", 64 << 20)]
-        self._server = grpc.server(futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="lerobot-grpc"),
-                                   interceptors=[self.auth] if self.auth else [], options=options)
+        self._workers = futures.ThreadPoolExecutor(self.max_workers, thread_name_prefix="lerobot-grpc")
+        self._server = grpc.server(self._workers, interceptors=[self.auth] if self.auth else [], options=options)
         service.add_to_server(self, self._server)
         address = f"{self.host}:{self.port}"
         if self.tls is not None:
@@ -179,6 +180,9 @@ class LeRobotServer:
     def stop(self, grace: float = 1.0) -> None:
         if self._server is not None:
             self._server.stop(grace).wait(30)
+        if self._workers is not None:  # gRPC does not shut down the pool it was given: its threads would outlive it
+            self._workers.shutdown(wait=True, cancel_futures=True)
+            self._workers = None
         for served in (self._default, *self._served.values()):
             if served.batcher is not None:
                 served.batcher.stop()
