@@ -3,7 +3,8 @@ after the block, and rounds of a pytest selection with pass/fail and wall time p
 
 from __future__ import annotations
 
-import os
+import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -12,25 +13,42 @@ import pytest
 
 from oxygen_ros.testing.load import cpu_hogs, load_check, main
 
+# Run in an interpreter of its own, as the tool runs. Inside the long pytest process the pids wrap (pid_max is 32768
+# on this host and a suite uses more), and an earlier test's stale Popen (an asyncio subprocess transport closed at
+# garbage collection kills its process if ``poll()`` says it runs) could hit a hog that got its recycled pid: once
+# in .ci/run beside two hogs, a hog was gone (return code 0) right after its start.
+_HOGS_CHECK = """
+import json, os, time
+from pathlib import Path
+from oxygen_ros.testing.load import cpu_hogs
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (Linux /proc)."""
+def cpu_s(pid):
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+out = {}
+with cpu_hogs(2, max_s=60) as procs:
+    out["running"] = [p.poll() is None for p in procs]
+    end = time.monotonic() + 20  # a shared, loaded host gives each a fraction of a core
+    while time.monotonic() < end and min(cpu_s(p.pid) for p in procs) < 0.5:
+        time.sleep(0.1)
+    out["cpu_s"] = [cpu_s(p.pid) for p in procs]
+out["after"] = [p.returncode for p in procs]
+with cpu_hogs(1, max_s=0.5) as (p,):  # bounded in time on its own
+    out["bounded"] = p.wait(timeout=30)
+print(json.dumps(out))
+"""
 
 
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs Linux /proc")
 def test_hogs_burn_cpu_and_are_killed_at_exit() -> None:
-    with cpu_hogs(2, max_s=60) as procs:
-        assert len(procs) == 2 and all(p.poll() is None for p in procs)
-        # busy, not sleeping: each burns CPU time (waited for: a shared, loaded host gives each a fraction of a core)
-        end = time.monotonic() + 20
-        while time.monotonic() < end and min(cpu_seconds(p.pid) for p in procs) < 0.5:
-            time.sleep(0.1)
-        assert min(cpu_seconds(p.pid) for p in procs) >= 0.5, [cpu_seconds(p.pid) for p in procs]
-    assert all(p.returncode is not None for p in procs), "a hog outlived the block"
-    with cpu_hogs(1, max_s=0.5) as (p,):  # bounded in time on its own
-        assert p.wait(timeout=30) == 0
+    done = subprocess.run([sys.executable, "-c", _HOGS_CHECK], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["running"] == [True, True], out
+    assert min(out["cpu_s"]) >= 0.5, out  # busy, not sleeping: each burns CPU time
+    assert all(rc is not None and rc != 0 for rc in out["after"]), out  # killed by the block's end, not before
+    assert out["bounded"] == 0, out  # ended at its own deadline
     with pytest.raises(ValueError), cpu_hogs(-1):
         pass
 
