@@ -159,11 +159,13 @@ def made_on_this_host(host: dict) -> bool:
 
 
 def require_ros(messages: bool = True) -> None:
-    """Skip the calling module unless rclpy (and, with ``messages``, the built oxygen_ros messages) import; keep DDS
-    discovery on this host (the children the tests start inherit it)."""
+    """Skip the calling module (or test) unless rclpy and, with ``messages``, the built oxygen_ros interfaces (its
+    messages and actions, one build) import; keep DDS discovery on this host (the children the tests start inherit
+    it)."""
     pytest.importorskip("rclpy", reason="rclpy is not installed")
     if messages:
-        pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+        for interfaces in ("oxygen_ros.msg", "oxygen_ros.action"):
+            pytest.importorskip(interfaces, reason="the oxygen_ros interfaces are not built (run `make setup`)")
     os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
 
 

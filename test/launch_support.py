@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import itertools
 import json
 import os
 import sys
@@ -27,13 +26,14 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import require_ros, ros_domain
 
 REASON = ("launch / launch_ros / launch_pytest are not installed (they are not on PyPI): `make setup` installs them "
           "from ../shared/ros2_launch (ROS2_LAUNCH_DIR) when that folder exists; on a ROS 2 distro source it")
 launch_pytest = pytest.importorskip("launch_pytest", reason=REASON)
 launch = pytest.importorskip("launch", reason=REASON)
 pytest.importorskip("launch_ros.actions", reason=REASON + " (launch_ros.actions also needs composition_interfaces)")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
+require_ros()
 
 import rclpy  # noqa: E402
 from launch.actions import GroupAction, IncludeLaunchDescription, RegisterEventHandler  # noqa: E402
@@ -56,7 +56,6 @@ SYNTHETIC = REPO / "config" / "synthetic.yaml"
 CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 SIM_JOINTS = ["ee_x", "ee_y", "ee_z", "gripper"]  # config/tabletop.yaml (the launch default)
-_DOMAINS = itertools.count(20 + (os.getpid() * 7 + 9) % 60)  # one ROS domain per test (FastDDS: ids up to 232)
 
 
 def venv_prefix() -> Path | None:
@@ -71,7 +70,7 @@ def ros_environment(monkeypatch: pytest.MonkeyPatch) -> int:
     """What tools/ros_env.sh gives a shell (the venv first on AMENT_PREFIX_PATH and PATH), an isolated ROS domain,
     plain unbuffered logs, and no DDS profile from outside (the launch file's own default applies). The launch
     service runs in this process and its children inherit the environment. Returns the domain id."""
-    domain = next(_DOMAINS)
+    domain = ros_domain()  # one ROS domain per test
     prefix = venv_prefix()
     if prefix is not None:
         for name, entry in (("AMENT_PREFIX_PATH", prefix), ("PATH", prefix / "bin")):

@@ -5,7 +5,6 @@ action server over real DDS (feedback, result, cancel, pool-full rejection, batc
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import make_model, make_observation, random_policy
+from conftest import make_model, make_observation, random_policy, require_ros, ros_domain
 
 from oxygen_ros.engine import ENGINE_MODES
 from oxygen_ros.engine.engine import EngineConfig, build_engine
@@ -207,11 +206,10 @@ class Asker:
 def ask_node():
     """The node (a separate process, random tiny model) with no language streams: only questions use its pool of
     two slots; k=4 tokens per frame, so an answer takes several frames (the question prompt alone takes ~5)."""
-    pytest.importorskip("oxygen_ros.action", reason="the oxygen_ros interfaces are not built (run `make setup`)")
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    require_ros()
     from oxygen_ros.testing import NodeProcess, Probe
 
-    domain = 20 + (os.getpid() * 7 + 23) % 100
+    domain = ros_domain()
     node = NodeProcess(REPO / "config" / "synthetic.yaml", {
         "control_rate_hz": 10.0, "num_steps": 2, "request_every_n_frames": 0, "max_inflight": 2, "k": 4,
         "max_new_tokens": 30, "ask.max_new_tokens": 12, "ask.max_pending": 4,  # questions fit ask.max_prompt_tokens
@@ -345,7 +343,7 @@ def test_the_oxygen_ask_command_prints_feedback_and_the_answer(ask_node) -> None
 def test_goals_follow_the_node_lifecycle() -> None:
     """In-process node, no camera input (every frame is skipped, so a question waits): rejected while inactive,
     aborted on deactivate, and no server after cleanup."""
-    pytest.importorskip("oxygen_ros.action", reason="the oxygen_ros interfaces are not built (run `make setup`)")
+    require_ros()
     import rclpy
     from rclpy.context import Context
     from rclpy.executors import SingleThreadedExecutor
@@ -358,7 +356,7 @@ def test_goals_follow_the_node_lifecycle() -> None:
     status, ok = _status(), TransitionCallbackReturn.SUCCESS
     threads = torch.get_num_threads()
     ctx = Context()
-    rclpy.init(context=ctx, domain_id=20 + (os.getpid() * 7 + 29) % 100)
+    rclpy.init(context=ctx, domain_id=ros_domain())
     values = {"autostart": False, "model": "random_tiny", "device": "cpu", "torch_threads": 1, "joint_names": JOINTS,
               "max_prompt_tokens": 32, "request_every_n_frames": 0}
     node = OxygenNode(context=ctx, parameter_overrides=[Parameter(k, value=v) for k, v in values.items()])

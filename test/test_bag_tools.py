@@ -179,7 +179,7 @@ def ros_context():
 
 
 def test_message_class_lookup() -> None:
-    pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
+    require_ros(messages=False)
     from sensor_msgs.msg import Image
 
     from oxygen_ros.evaluation.replay import message_class
@@ -192,7 +192,7 @@ def test_message_class_lookup() -> None:
 
 
 def test_replay_cli_rejects_a_missing_bag(tmp_path: Path) -> None:
-    pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
+    require_ros(messages=False)
     from oxygen_ros.evaluation.cli import replay_bag_main
 
     with pytest.raises(SystemExit):

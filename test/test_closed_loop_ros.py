@@ -5,14 +5,11 @@ simulator node over real DDS topics; the robot must complete tasks while the nod
 from __future__ import annotations
 
 import io
-import os
 
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from rich.console import Console  # noqa: E402
 
@@ -21,7 +18,7 @@ from oxygen_ros.toy.demo import main, print_summary, run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-DOMAIN = 20 + (os.getpid() * 7 + 9) % 100
+DOMAIN = ros_domain()
 
 
 def test_committed_model_is_present() -> None:

@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import ros_domain
 
 REPO = Path(__file__).resolve().parents[1]
 CACHE = REPO / "build" / "colcon-test" / Path(sys.prefix).name
@@ -38,7 +39,7 @@ CACHE = REPO / "build" / "colcon-test" / Path(sys.prefix).name
 SOURCES = ("CMakeLists.txt", "package.xml", "LICENSE", "README.md", "msg", "action", "oxygen_ros", "launch", "config",
            "scripts", "resource", "tools")
 COLCON = Path(sys.prefix) / "bin" / "colcon"
-_DOMAIN = 100 + os.getpid() % 60
+_DOMAIN = ros_domain()
 
 pytestmark = [
     pytest.mark.ros, pytest.mark.slow, pytest.mark.colcon, pytest.mark.timeout(1500),

@@ -5,14 +5,11 @@ real-time chunking guided toward the executor's plan. The robot must complete ta
 from __future__ import annotations
 
 import io
-import os
 
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from rich.console import Console  # noqa: E402
 
@@ -20,7 +17,7 @@ from oxygen_ros.toy.demo import main, print_summary, run_demo  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-DOMAIN = 20 + (os.getpid() * 23 + 13) % 100
+DOMAIN = ros_domain()
 
 
 def enough(s: dict) -> bool:

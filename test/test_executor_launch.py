@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from conftest import ros_domain
 
 REASON = "launch / launch_ros are not installed (make setup installs them from ../shared/ros2_launch)"
 launch = pytest.importorskip("launch", reason=REASON)
@@ -102,7 +103,7 @@ def test_with_sim_and_executor_streams_the_nodes_chunks(tmp_path: Path) -> None:
         pytest.skip("not the venv of make setup with oxygen_executor installed")
     from oxygen_ros.testing.executor_probe import ExecutorProbe
 
-    domain = 100 + (os.getpid() * 13 + 5) % 40
+    domain = ros_domain()
     log = tmp_path / "launch.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "oxygen_ros.tools.launch_file", "oxygen_ros",

@@ -6,16 +6,13 @@ executor test relies on."""
 
 from __future__ import annotations
 
-import os
 import time
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from lifecycle_msgs.msg import Transition  # noqa: E402
 from lifecycle_msgs.srv import ChangeState, GetState  # noqa: E402
@@ -26,7 +23,7 @@ from oxygen_ros.testing.services import call, change_state  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-DOMAIN = 140 + (os.getpid() * 17 + 11) % 80
+DOMAIN = ros_domain()
 VMAX = 0.5
 
 

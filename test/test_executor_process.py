@@ -18,16 +18,13 @@ test_executor_launch.py and test_executor_rtc_loop.py (and the timing benchmark 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.executor.interpolation import Curve  # noqa: E402
 from oxygen_ros.ros.stamps import stamp_to_ns  # noqa: E402
@@ -36,7 +33,7 @@ from oxygen_ros.testing.executor_probe import ExecutorProbe  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-DOMAIN = 140 + (os.getpid() * 11 + 3) % 80  # FastDDS accepts domain ids up to 232
+DOMAIN = ros_domain()
 MS = 1_000_000
 DT_S = 0.05
 DT = 50 * MS

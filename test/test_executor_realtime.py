@@ -15,11 +15,9 @@ import time
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.executor.rt import thread_sched  # noqa: E402
 from oxygen_ros.ros.stamps import stamp_to_ns  # noqa: E402
@@ -28,7 +26,7 @@ from oxygen_ros.testing.executor_probe import ExecutorProbe  # noqa: E402
 
 pytestmark = [pytest.mark.ros, pytest.mark.slow]
 
-DOMAIN = 140 + (os.getpid() * 13 + 7) % 80
+DOMAIN = ros_domain()
 URDF = """<?xml version="1.0"?>
 <robot name="range_end_robot">
   <link name="base"/><link name="l1"/><link name="l2"/>

@@ -13,18 +13,15 @@ test_executed_plan.py) and must be equal.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-
-os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+require_ros()
 
 from oxygen_ros.msg import ExecutedPlan  # noqa: E402
 from rclpy.qos import QoSProfile, ReliabilityPolicy  # noqa: E402
@@ -39,7 +36,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "config" / "synthetic.yaml"
 CAMERAS = [("base_0_rgb", "/cameras/base_0_rgb/image_raw"), ("left_wrist_0_rgb", "/cameras/left_wrist_0_rgb/image_raw")]
 JOINTS = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
 ACTION_HZ = 20.0
-DOMAIN = 20 + (os.getpid() * 19 + 11) % 100
+DOMAIN = ros_domain()
 
 
 class PlanRecorder:

@@ -4,10 +4,10 @@ real run (node + executor + load processes) that writes results.json, summary.md
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
 from oxygen_ros.bench.executor_loops import period_errors
 from oxygen_ros.bench.executor_timing import switch_jumps
@@ -68,12 +68,11 @@ def test_report_states_the_target_and_the_comparison(tmp_path) -> None:
 @pytest.mark.ros
 @pytest.mark.slow
 def test_a_short_real_run_writes_its_report(tmp_path) -> None:
-    pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    require_ros()
     from oxygen_ros.bench.executor_timing import main
 
     main(["--duration", "4", "--warmup", "2", "--runs", "100hz_aggregate_executor", "--camera-size", "64x48",
-          "--domain-id", str(20 + (os.getpid() * 29 + 3) % 100), "--out", str(tmp_path)])
+          "--domain-id", str(ros_domain()), "--out", str(tmp_path)])
     result = json.loads((tmp_path / "results.json").read_text())
     run = result["runs"][0]
     assert run["node_exit_code"] == 0 and run["executor_exit_code"] == 0, run

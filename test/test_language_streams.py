@@ -5,13 +5,12 @@ oxygen == isolated per stream, the parameters (flat ROS names and nested YAML), 
 
 from __future__ import annotations
 
-import os
 from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import random_policy
+from conftest import random_policy, require_ros, ros_domain
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import Policy, RawObservation
@@ -143,13 +142,12 @@ def test_streams_from_flat_and_nested_parameters() -> None:
 @pytest.mark.ros
 @pytest.mark.slow
 def test_the_node_publishes_every_stream_with_its_name() -> None:
-    pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
+    require_ros()
     from oxygen_ros.msg import LanguageOutput
 
     from oxygen_ros.testing import NodeProcess, Probe
 
-    domain = 20 + (os.getpid() * 7 + 17) % 100
+    domain = ros_domain()
     joints = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
     node = NodeProcess(REPO / "config" / "synthetic.yaml", {
         "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 4, "language_topic_per_stream": True,

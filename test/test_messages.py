@@ -9,11 +9,12 @@ import uuid
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-rclpy = pytest.importorskip("rclpy", reason="rclpy is not importable (ROS 2 wheels not installed)")
+require_ros()
 
+import rclpy  # noqa: E402
 from builtin_interfaces.msg import Duration, Time  # noqa: E402
-from conftest import require_ros, ros_domain  # noqa: E402
 from oxygen_ros.msg import ActionChunk, LanguageOutput  # noqa: E402
 from rclpy.executors import SingleThreadedExecutor  # noqa: E402
 from rclpy.qos import DurabilityPolicy, QoSProfile, ReliabilityPolicy  # noqa: E402

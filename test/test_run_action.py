@@ -7,19 +7,17 @@ Also the respawn guard: an observation stamped before the node's process started
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import require_ros, ros_domain
 
-pytest.importorskip("rclpy", reason="rclpy is not installed")
-pytest.importorskip("oxygen_ros.action", reason="the oxygen_ros messages are not built (run `make setup`)")
+require_ros()
 
 from action_msgs.msg import GoalStatus  # noqa: E402
-from conftest import ros_domain  # noqa: E402
 from oxygen_ros.action import RunTask  # noqa: E402
 from std_msgs.msg import String  # noqa: E402
 
@@ -139,8 +137,6 @@ def world():
     from oxygen_ros.testing.probe import Probe
     from oxygen_ros.testing.process import NodeProcess
     from oxygen_ros.toy.sim.node import TabletopSimNode
-
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     node = NodeProcess(REPO / "config" / "tabletop.yaml", {"run.stall_s": 5.0}, domain_id=DOMAIN).start()
     probe = sim = None
     try:

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from conftest import require_ros
 
 from oxygen_ros.policy.hooks import RUNNER_HOOK_ENV, install_runner_hook
 from oxygen_ros.robot.faults import FaultCounter
@@ -261,7 +262,7 @@ def test_the_runner_hook_installs_fault_injection_only_when_named(monkeypatch: p
 
 # ---------------------------------------------------------------------------------------------- inputs
 def test_an_image_already_too_old_on_arrival_is_rejected_with_its_reason() -> None:
-    pytest.importorskip("rclpy", reason="rclpy is not installed")
+    require_ros(messages=False)
     from oxygen_ros.ros.diagnostics import ReasonCounter
     from oxygen_ros.ros.image_conversion import array_to_image_msg
     from oxygen_ros.ros.input_store import InputStore

@@ -7,7 +7,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import random_policy
+from conftest import random_policy, require_ros, ros_domain
 
 from oxygen_ros.engine.engine import EngineConfig, build_engine
 from oxygen_ros.policy import Policy, RawObservation
@@ -122,11 +122,9 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
     """Over real DDS: a subtask stream conditions the action prompt, every chunk says which subtask it was
     conditioned on (one the node published on its language topic), and a memory stream decodes with its own
     adapter in the same node."""
-    pytest.importorskip("oxygen_ros.msg", reason="the oxygen_ros messages are not built (run `make setup`)")
-    import os
+    require_ros()
     from pathlib import Path
 
-    os.environ["ROS_AUTOMATIC_DISCOVERY_RANGE"] = "LOCALHOST"
     from oxygen_ros.engine.config import get_config
     from oxygen_ros.engine.lora import LoraAdapter, random_lora_weights
     from oxygen_ros.engine.model import Pi05Model
@@ -134,7 +132,7 @@ def test_the_node_conditions_chunks_on_its_subtask_stream(tmp_path) -> None:
 
     adapter = LoraAdapter.save(tmp_path / "memory_lora", random_lora_weights(Pi05Model(get_config("tiny"))), 4, 8)
     repo = Path(__file__).resolve().parents[1]
-    domain = 20 + (os.getpid() * 11 + 29) % 100
+    domain = ros_domain()
     joints = [f"joint_{i}" for i in range(1, 8)] + ["gripper"]
     node = NodeProcess(repo / "config" / "synthetic.yaml", {
         "control_rate_hz": 5.0, "max_new_tokens": 4, "k": 4,
