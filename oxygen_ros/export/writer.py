@@ -28,6 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..util.sched import NormalPriority
 from .contract import VideoSettings
 from .episode import Episode
 from .stats import aggregate_stats, episode_stats, serialize_stats
@@ -87,17 +88,24 @@ def codec_options(codec: str, s: VideoSettings) -> dict[str, str]:
 
 
 def encode_video(frames: np.ndarray, path: Path, fps: int, codec: str, s: VideoSettings) -> None:
-    """[N, H, W, 3] uint8 -> ``path`` (mp4) with PyAV, frame by frame as LeRobot's ``encode_video_frames``."""
+    """[N, H, W, 3] uint8 -> ``path`` (mp4) with PyAV, frame by frame as LeRobot's ``encode_video_frames``.
+
+    Run as root, SVT-AV1 raises the caller and its encoder threads to SCHED_FIFO 99. ``NormalPriority`` puts
+    them back once the first frame has opened the encoder, and the caller's own policy at the end: an export
+    never outranks a robot's controllers or leaves its process real-time."""
     import av
 
     os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints its banner per stream on stderr: errors only
     path.parent.mkdir(parents=True, exist_ok=True)
-    with av.open(str(path), "w") as out:
+    with NormalPriority() as priority, av.open(str(path), "w") as out:
         stream = out.add_stream(codec, fps, options=codec_options(codec, s))
         stream.pix_fmt = s.pix_fmt
         stream.height, stream.width = int(frames.shape[1]), int(frames.shape[2])
-        for img in frames:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24")):
+        for i, img in enumerate(frames):
+            packets = stream.encode(av.VideoFrame.from_ndarray(np.ascontiguousarray(img), format="rgb24"))
+            if i == 0:
+                priority.restore()  # the first call opens the encoder and starts its threads
+            for packet in packets:
                 out.mux(packet)
         for packet in stream.encode():
             out.mux(packet)

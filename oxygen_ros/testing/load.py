@@ -25,8 +25,11 @@ from pathlib import Path
 
 __all__ = ["RoundResult", "cpu_hogs", "load_check", "main"]
 
-# a busy loop that ends at its own deadline (max_s) or as soon as its parent is gone (reparented), whichever is first
-_HOG = ("import os, time\nparent = os.getppid()\nend = time.monotonic() + {max_s}\n"
+# a busy loop that ends at its own deadline (max_s) or as soon as its parent is gone (reparented), whichever is
+# first; ordinary load at normal priority even where its parent runs real-time (a child inherits the policy)
+_HOG = ("import os, time\nif hasattr(os, 'sched_setscheduler'):\n"
+        "    os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))\n"
+        "parent = os.getppid()\nend = time.monotonic() + {max_s}\n"
         "while time.monotonic() < end and os.getppid() == parent:\n    pass\n")
 
 

@@ -1,2 +1,2 @@
-"""Small ROS-free, torch-free helpers every room may use (the host's CPU, percentiles); imports nothing else of the
-package."""
+"""Small ROS-free, torch-free helpers every room may use (the host's CPU, percentiles, threads kept off a
+real-time policy); imports nothing else of the package."""
