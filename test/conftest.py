@@ -14,7 +14,7 @@ for _name, _logger in logging.root.manager.loggerDict.items():
 
 import tempfile  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
-from contextlib import contextmanager, suppress  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
@@ -26,7 +26,6 @@ os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="oxygen_ros_test_cache_")
 
 from oxygen_ros.engine import Observation, Pi05Config, Pi05Model, get_config  # noqa: E402
 from oxygen_ros.engine.checkpoint import init_random_weights  # noqa: E402
-from oxygen_ros.util.sched import realtime_threads  # noqa: E402
 
 torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
 
@@ -89,21 +88,6 @@ def make_observation(config: Pi05Config, batch: int = 1, prompt_lens=None, camer
         masks = torch.tensor(camera_masks, dtype=torch.bool)
     images = torch.rand(batch, c, 3, s, s, generator=gen) * 2 - 1
     return Observation(images, masks, tokens, mask, torch.rand(batch, 8, generator=gen) * 2 - 1)
-
-
-@pytest.fixture(autouse=True)
-def no_realtime_leak() -> Iterator[None]:
-    """Fail a test that leaves a thread of the pytest process on a real-time policy (and put it back): every
-    thread and child process created later inherits it, and a busy child at SCHED_FIFO 99 freezes the suite (the
-    leak that SVT-AV1 makes as root; oxygen_ros/util/sched.py)."""
-    before = set(realtime_threads())
-    yield
-    leaked = {tid: rt for tid, rt in realtime_threads().items() if tid not in before}
-    for tid in leaked:
-        with suppress(OSError):
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
-    if leaked:
-        pytest.fail(f"threads left on a real-time policy ({{tid: (policy, priority)}}): {leaked}")
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from oxygen_ros.testing.load import cpu_hogs, load_check, main
 # Run in an interpreter of its own, as the tool runs. In .ci/run one hog once read as ended (return code 0) while the
 # checker waited: the pytest process had been left on SCHED_FIFO 99 by an earlier export test (SVT-AV1 as root),
 # so the checker and its hogs inherited it and the two busy hogs starved the checker until their own deadline.
-# encode_video now puts those threads back, and conftest's no_realtime_leak fails any test that leaves one.
+# encode_video now puts those threads back (test_normal_priority.py), and a hog runs at SCHED_OTHER.
 _HOGS_CHECK = """
 import json, os, time
 from pathlib import Path
