@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import fifo_allowed
 
 from oxygen_ros.ros.doctor import MISSING, OK, check_shm
 
@@ -30,24 +31,6 @@ def doctor(*args: str, env: dict[str, str] | None = None, cwd: Path | None = Non
                           env={**base, **(env or {})}, cwd=cwd or REPO)
     assert proc.stdout, proc.stderr
     return proc.returncode, json.loads(proc.stdout)
-
-
-def can_fifo() -> bool:
-    """Whether a thread of this process gets SCHED_FIFO here (tried, then reset)."""
-    import threading
-    got: list[bool] = []
-
-    def probe() -> None:
-        try:
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, os.sched_param(1))
-            got.append(True)
-        except OSError:
-            got.append(False)
-
-    t = threading.Thread(target=probe)
-    t.start()
-    t.join()
-    return got[0]
 
 
 def by_name(report: dict) -> dict[str, dict]:
@@ -77,7 +60,7 @@ def test_reports_this_machine(tmp_path: Path) -> None:
     assert checks["/dev/shm"]["status"] in (OK, "warn") and "MiB" in checks["/dev/shm"]["detail"]
     # the real-time capability of this machine (the executor's rt.* settings), each with its fix when not there
     fifo = checks["realtime: SCHED_FIFO allowed"]
-    assert fifo["status"] == (OK if can_fifo() else "warn"), fifo
+    assert fifo["status"] == (OK if fifo_allowed() else "warn"), fifo
     preempt_rt = Path("/sys/kernel/realtime").exists() or "PREEMPT_RT" in os.uname().version
     assert checks["realtime: PREEMPT_RT kernel"]["status"] == (OK if preempt_rt else "warn")
     isolated = Path("/sys/devices/system/cpu/isolated").read_text().strip()

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fifo_allowed
 
 from oxygen_ros.executor.loop import CommandLoop
 from oxygen_ros.executor.rt import apply_process, thread_sched
@@ -22,23 +23,8 @@ from oxygen_ros.executor.rt import apply_process, thread_sched
 REPO = Path(__file__).resolve().parents[1]
 
 
-def fifo_works() -> bool:
-    ok: list[bool] = []
-
-    def probe() -> None:
-        try:
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, os.sched_param(1))
-            ok.append(True)
-        except OSError:
-            ok.append(False)
-    t = threading.Thread(target=probe)
-    t.start()
-    t.join()
-    return ok[0]
-
-
 def test_the_loop_thread_alone_gets_sched_fifo_and_its_cpus() -> None:
-    if not fifo_works():
+    if not fifo_allowed():
         pytest.skip("this machine refuses SCHED_FIFO (the refused path is tested below)")
     cpu = sorted(os.sched_getaffinity(0))[-1]
     ticks: list[int] = []

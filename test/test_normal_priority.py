@@ -9,26 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import fifo_allowed
 
 from oxygen_ros.util.sched import NormalPriority, realtime_threads
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists() or not hasattr(os, "sched_setscheduler"),
                                 reason="needs Linux /proc and sched_setscheduler")
-
-
-def fifo_allowed() -> bool:
-    ok: list[bool] = []
-
-    def probe() -> None:
-        try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-            ok.append(True)
-        except OSError:
-            ok.append(False)
-    t = threading.Thread(target=probe)
-    t.start()
-    t.join()
-    return ok[0]
 
 
 class RaisedThread:
