@@ -90,24 +90,6 @@ def make_observation(config: Pi05Config, batch: int = 1, prompt_lens=None, camer
     return Observation(images, masks, tokens, mask, torch.rand(batch, 8, generator=gen) * 2 - 1)
 
 
-def fifo_allowed() -> bool:
-    """Whether a thread of this process gets SCHED_FIFO 1 here (tried on a thread of its own, which then ends)."""
-    import threading
-    got: list[bool] = []
-
-    def probe() -> None:
-        try:
-            os.sched_setscheduler(threading.get_native_id(), os.SCHED_FIFO, os.sched_param(1))
-            got.append(True)
-        except (AttributeError, OSError):
-            got.append(False)
-
-    t = threading.Thread(target=probe)
-    t.start()
-    t.join()
-    return got[0]
-
-
 @pytest.fixture(scope="module")
 def one_torch_thread():
     """One torch thread for a module (``pytestmark = pytest.mark.usefixtures("one_torch_thread")``): on 2 shared

@@ -15,16 +15,16 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fifo_allowed
 
 from oxygen_ros.executor.loop import CommandLoop
 from oxygen_ros.executor.rt import apply_process, thread_sched
+from oxygen_ros.robot.realtime import fifo_refusal
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_loop_thread_alone_gets_sched_fifo_and_its_cpus() -> None:
-    if not fifo_allowed():
+    if fifo_refusal():
         pytest.skip("this machine refuses SCHED_FIFO (the refused path is tested below)")
     cpu = sorted(os.sched_getaffinity(0))[-1]
     ticks: list[int] = []

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import fifo_allowed
 
+from oxygen_ros.robot.realtime import fifo_refusal
 from oxygen_ros.util.sched import NormalPriority, realtime_threads
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/task").exists() or not hasattr(os, "sched_setscheduler"),
@@ -44,7 +44,7 @@ def policy(tid: int) -> tuple[int, int]:
 
 @pytest.fixture
 def fifo() -> None:
-    if not fifo_allowed():
+    if fifo_refusal():
         pytest.skip("this machine refuses SCHED_FIFO: nothing can raise a thread, nothing to put back")
 
 

@@ -18,6 +18,8 @@ import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..util.sched import thread_policy
+
 __all__ = ["RtReport", "apply_process", "apply_thread", "parse_cpus", "thread_sched"]
 
 _MCL_CURRENT, _MCL_FUTURE = 1, 2
@@ -103,9 +105,7 @@ def apply_process(switch_interval_s: float, mlockall: bool, report: RtReport | N
 def thread_sched(tid: int, pid: int | str = "self") -> tuple[str, int, set[int]]:
     """(policy name, real-time priority, allowed CPUs) of thread ``tid``, read from ``/proc``."""
     base = Path(f"/proc/{pid}/task/{tid}")
-    stat = (base / "stat").read_text()
-    fields = stat[stat.rindex(")") + 2:].split()  # after the command name, field 3 (state) is fields[0]
-    rt_priority, policy = int(fields[40 - 3]), int(fields[41 - 3])
+    policy, rt_priority = thread_policy(tid, pid)
     allowed: set[int] = set()
     for line in (base / "status").read_text().splitlines():
         if line.startswith("Cpus_allowed_list:"):

@@ -10,7 +10,7 @@ import resource
 import threading
 from pathlib import Path
 
-__all__ = ["capability"]
+__all__ = ["capability", "fifo_refusal"]
 
 
 def _cap_sys_nice() -> bool:
@@ -25,7 +25,7 @@ def capability() -> list[tuple[str, bool, str, str]]:
     soft, hard = resource.getrlimit(resource.RLIMIT_RTPRIO)
     cap = _cap_sys_nice()
     rtprio = hard == resource.RLIM_INFINITY or hard > 0
-    tried = _try_fifo()
+    tried = fifo_refusal()
     out = [("SCHED_FIFO allowed", (rtprio or cap) and not tried,
             f"RLIMIT_RTPRIO soft {_lim(soft)} hard {_lim(hard)}, CAP_SYS_NICE {'yes' if cap else 'no'}; a thread "
             f"at SCHED_FIFO 1: {tried or 'granted'}",
@@ -48,7 +48,7 @@ def capability() -> list[tuple[str, bool, str, str]]:
     return out
 
 
-def _try_fifo() -> str:
+def fifo_refusal() -> str:
     """'' when a thread of this process gets SCHED_FIFO 1, else why not (e.g. a container's cgroup)."""
     why: list[str] = []
 

@@ -5,8 +5,8 @@ thread that opens an encoder and every encoder thread on SCHED_FIFO 99, and leav
 that caller creates afterwards inherits it. On a robot that starves the controllers (priorities below 99) while an
 export encodes; in a long process (the test suite) a later busy child at FIFO 99 freezes the process that started
 it. :class:`NormalPriority` records which threads ran at a real-time policy before the block, puts every other one
-back on SCHED_OTHER whenever :meth:`NormalPriority.restore` is called (after each encoder call), and restores the
-calling thread's own policy when the block ends.
+back on SCHED_OTHER whenever :meth:`NormalPriority.restore` is called (the encoder: once its first frame has
+started its threads) and when the block ends, and restores the calling thread's own policy then.
 """
 
 from __future__ import annotations
@@ -16,26 +16,36 @@ import os
 import threading
 from pathlib import Path
 
-__all__ = ["NormalPriority", "realtime_threads"]
+__all__ = ["NormalPriority", "realtime_threads", "thread_policy"]
 
 _REALTIME = {getattr(os, "SCHED_FIFO", 1), getattr(os, "SCHED_RR", 2)}
+
+
+def thread_policy(tid: int | str, pid: int | str = "self") -> tuple[int, int]:
+    """(scheduling policy, real-time priority) of thread ``tid`` of process ``pid``, read from ``/proc``.
+
+    Raises:
+        OSError: no such thread (it ended).
+    """
+    stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+    fields = stat[stat.rindex(")") + 2:].split()  # after the command name, field 3 (state) is fields[0]
+    return int(fields[41 - 3]), int(fields[40 - 3])
 
 
 def realtime_threads() -> dict[int, tuple[int, int]]:
     """This process's threads on SCHED_FIFO or SCHED_RR: ``{tid: (policy, priority)}`` ({} without /proc)."""
     out: dict[int, tuple[int, int]] = {}
     try:
-        tasks = list(Path("/proc/self/task").iterdir())
+        tids = [int(task.name) for task in Path("/proc/self/task").iterdir()]
     except OSError:
         return out
-    for task in tasks:
+    for tid in tids:
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
+            policy, priority = thread_policy(tid)
+        except OSError:
             continue  # the thread ended meanwhile
-        policy, priority = int(fields[38]), int(fields[37])  # stat fields 41 and 40
         if policy in _REALTIME:
-            out[int(task.name)] = (policy, priority)
+            out[tid] = (policy, priority)
     return out
 
 
